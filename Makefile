@@ -1,0 +1,40 @@
+# The two commands of the README, and a few more. Each first makes sure the dependencies are there
+# (cmake/deps.sh: finds LibTorch, or installs it once per machine into a cached environment).
+#
+#   make test            dependencies, configure (preset dev), build into build/, run every test
+#   make demo            dependencies, build, run the main example (examples/quickstart.cpp)
+#   make test PRESET=asan     the same with another preset: release, asan, tsan (build-<preset>/)
+#   make bench           release build of bench/, run every benchmark
+#   make clean
+PRESET ?= dev
+JOBS ?= $(shell nproc)
+BUILD := $(if $(filter dev,$(PRESET)),build,build-$(PRESET))
+DEPS := build/deps.cmake
+
+.PHONY: test demo bench build configure deps clean
+.DEFAULT_GOAL := test
+
+deps:
+	@cmake/deps.sh $(DEPS) --with-conan
+
+configure: deps
+	@mkdir -p $(BUILD)
+	@cmake --preset $(PRESET) -C $(DEPS) >$(BUILD)/configure.log 2>&1 || { cat $(BUILD)/configure.log; exit 1; }
+	@grep -E '^-- nitro' $(BUILD)/configure.log || true
+
+build: configure
+	cmake --build --preset $(PRESET) -j $(JOBS)
+
+test: build
+	ctest --preset $(PRESET) -j $(JOBS)
+
+demo: configure
+	cmake --build --preset $(PRESET) -j $(JOBS) --target quickstart
+	$(BUILD)/examples/quickstart
+
+bench:
+	$(MAKE) build PRESET=release
+	@for b in build-release/bench/bench_*; do [ -x "$$b" ] && "$$b"; done; true
+
+clean:
+	rm -rf build build-*

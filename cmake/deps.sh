@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Finds or installs everything Nitro builds on, then writes a CMake initial-cache file (-C) that
+# points the configure step at it. Called by the Makefile; never needs to be run by hand.
+#
+#   cmake/deps.sh OUT.cmake [--with-conan]
+#
+# LibTorch, first match wins:
+#   1. Torch_DIR, or a CMAKE_PREFIX_PATH that holds a TorchConfig.cmake (the user's own LibTorch);
+#   2. a python3 that can `import torch` (torch.utils.cmake_prefix_path);
+#   3. the cached environment ${XDG_CACHE_HOME:-$HOME/.cache}/nitro/torch-<version>, shared by every
+#      clone on the machine;
+#   4. otherwise that environment is created and `pip install torch==<version>` runs into it once
+#      (the CUDA 13.0 build, several GB).
+# doctest and Microsoft GSL: found where CMake looks; else apt-get (as root); else one line saying
+# what to run. Conan (for the packaging test) goes into a second cached environment.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: cmake/deps.sh OUT.cmake [--with-conan]}
+with_conan=0
+[ "${2:-}" = "--with-conan" ] && with_conan=1
+
+torch_version=$(tr -d ' \n' <"$here/torch-version")   # the one place the version is pinned
+conan_version=2.34.0
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/nitro
+venv=$cache/torch-$torch_version
+say() { echo "nitro deps: $*" >&2; }
+die() { echo "nitro deps: error: $*" >&2; exit 1; }
+
+python_prefix() { # python -> torch's cmake prefix, or nothing
+  "$1" - 2>/dev/null <<'PY' || true
+import warnings; warnings.filterwarnings("ignore")
+import torch, torch.utils
+print(torch.__version__.split("+")[0], torch.utils.cmake_prefix_path)
+PY
+}
+
+make_venv() { # dir packages... : complete only once the marker file exists (venvs cannot be moved)
+  local dir=$1; shift
+  rm -rf "$dir"
+  command -v python3 >/dev/null || die "python3 is missing; install it (as root: apt-get install -y python3 python3-venv)"
+  python3 -m venv "$dir" || die "python3 -m venv failed; install venv support (as root: apt-get install -y python3-venv)"
+  "$dir/bin/python" -m pip install --disable-pip-version-check --progress-bar on "$@" >&2 ||
+    { rm -rf "$dir"; die "pip install $* failed (see above); nothing was left half-installed"; }
+  touch "$dir/.nitro-complete"
+}
+venv_ok() { [ -f "$1/.nitro-complete" ]; }
+
+# ---- LibTorch --------------------------------------------------------------------------------------
+torch_prefix=""
+if [ -n "${Torch_DIR:-}" ]; then
+  [ -f "$Torch_DIR/TorchConfig.cmake" ] || die "Torch_DIR=$Torch_DIR has no TorchConfig.cmake; point it at <libtorch>/share/cmake/Torch"
+  torch_prefix=$(dirname "$Torch_DIR")
+  say "LibTorch from Torch_DIR ($Torch_DIR)"
+fi
+if [ -z "$torch_prefix" ] && [ -n "${CMAKE_PREFIX_PATH:-}" ]; then
+  IFS=':;' read -ra entries <<<"$CMAKE_PREFIX_PATH"
+  for p in "${entries[@]}"; do
+    if [ -n "$p" ] && find "$p" -maxdepth 4 -name TorchConfig.cmake 2>/dev/null | grep -q .; then
+      torch_prefix=$CMAKE_PREFIX_PATH
+      say "LibTorch from CMAKE_PREFIX_PATH ($p)"
+      break
+    fi
+  done
+fi
+if [ -z "$torch_prefix" ] && command -v python3 >/dev/null; then
+  read -r v p < <(python_prefix python3) || true
+  if [ -n "${p:-}" ]; then
+    torch_prefix=$p
+    [ "$v" = "$torch_version" ] || say "note: python3 has torch $v; Nitro is tested on $torch_version"
+    say "LibTorch $v from python3 ($p)"
+  fi
+fi
+if [ -z "$torch_prefix" ]; then
+  v="" p=""
+  venv_ok "$venv" && { read -r v p < <(python_prefix "$venv/bin/python") || true; }
+  if [ -z "${p:-}" ]; then
+    say "installing torch==$torch_version into $venv (once per machine; several GB)"
+    mkdir -p "$cache"
+    make_venv "$venv" "torch==$torch_version" numpy
+    read -r v p < <(python_prefix "$venv/bin/python") || true
+    [ -n "${p:-}" ] || die "torch was installed into $venv but does not import; remove $venv and run again"
+  fi
+  torch_prefix=$p
+  say "LibTorch $v from $venv"
+fi
+
+# ---- doctest, GSL ----------------------------------------------------------------------------------
+have_config() { # package config file name -> found in the usual prefixes?
+  local roots=(/usr /usr/local)
+  [ -n "${CMAKE_PREFIX_PATH:-}" ] && IFS=':;' read -ra extra <<<"$CMAKE_PREFIX_PATH" && roots+=("${extra[@]}")
+  for r in "${roots[@]}"; do
+    [ -n "$r" ] && find "$r/lib" "$r/share" "$r/lib64" -maxdepth 4 -name "$1" 2>/dev/null | grep -q . && return 0
+  done
+  return 1
+}
+missing=()
+have_config doctestConfig.cmake || missing+=(doctest-dev)
+have_config Microsoft.GSLConfig.cmake || missing+=(libmsgsl-dev)
+if ((${#missing[@]})); then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing ${missing[*]} with apt-get"
+    apt-get install -y "${missing[@]}" >&2 ||
+      { apt-get update >&2 && apt-get install -y "${missing[@]}" >&2; } ||
+      die "apt-get could not install ${missing[*]}"
+  else
+    die "missing ${missing[*]}; run: sudo apt-get install -y ${missing[*]}"
+  fi
+fi
+
+# ---- Conan (packaging test only) -------------------------------------------------------------------
+conan=""
+if ((with_conan)); then
+  tools=$cache/conan-$conan_version
+  if ! venv_ok "$tools" || ! "$tools/bin/conan" --version >/dev/null 2>&1; then
+    say "installing conan==$conan_version into $tools"
+    mkdir -p "$cache"
+    make_venv "$tools" "conan==$conan_version"
+  fi
+  conan=$tools/bin/conan
+fi
+
+mkdir -p "$(dirname "$out")"
+{
+  echo "# written by cmake/deps.sh; do not edit"
+  echo "set(CMAKE_PREFIX_PATH \"$torch_prefix\" CACHE STRING \"\")"
+  [ -n "$conan" ] && echo "set(NITRO_CONAN \"$conan\" CACHE FILEPATH \"\")"
+} >"$out.tmp" && mv "$out.tmp" "$out"
+say "ready ($out)"

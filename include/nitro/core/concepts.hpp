@@ -1,0 +1,195 @@
+#pragma once
+// The concepts that name each policy family's static interface, built from small named pieces so a
+// failed check names the piece that is missing (mp-units' habit). This header includes no LibTorch
+// header: it forward-declares the two LibTorch types it names.
+//
+//   DeviceTag          Cpu, Cuda (core/device.hpp)
+//   Batch              what a Prefetcher or TrainingLoop moves between devices: a tensor, a tuple or
+//                      pair of batches, a vector of batches, torch::data::Example, or a user type
+//                      that provides the customization point `nitro_map_tensors` (core/device.hpp)
+//   BatchSource        a callable returning std::optional<Batch>; empty means the epoch ended
+//   Policy             what every policy has: a name, a family, `enabled`, a nested Options aggregate
+//   AmpPolicy, AccumulationPolicy, CheckpointPolicy, ClipPolicy, EvictionPolicy
+//                      a Policy of that family (plus the family's own pieces)
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <c10/core/DeviceType.h>
+
+namespace at {
+class Tensor;
+}
+namespace torch::data {
+template <typename Data, typename Target>
+struct Example;
+}
+
+namespace nitro {
+
+// ---- device tags ------------------------------------------------------------------------------------
+
+/// The tag names its LibTorch device type as a constant.
+template <class T>
+concept HasDeviceType = requires {
+  { T::type } -> std::convertible_to<c10::DeviceType>;
+  typename std::integral_constant<c10::DeviceType, T::type>;  // a constant expression
+};
+/// The tag has a printable name, for messages.
+template <class T>
+concept HasDeviceName = requires {
+  { T::name } -> std::convertible_to<std::string_view>;
+};
+/// The tag can say whether such a device is present in this process.
+template <class T>
+concept ReportsAvailability = requires {
+  { T::available() } -> std::same_as<bool>;
+};
+/// A device tag: a type naming a device kind (Cpu, Cuda) that templates are specialised on.
+template <class T>
+concept DeviceTag = HasDeviceType<T> && HasDeviceName<T> && ReportsAvailability<T>;
+
+// ---- batches ----------------------------------------------------------------------------------------
+
+namespace detail {
+/// The identity as a callable with a name, to probe the customization point.
+struct TensorIdentity {
+  template <class Tensor>
+  Tensor operator()(const Tensor& t) const {
+    return t;
+  }
+};
+}  // namespace detail
+
+/// The customization point for a user batch type, found by argument-dependent lookup:
+///   struct MyBatch {
+///     at::Tensor image, mask; int id;
+///     template <class F> friend MyBatch nitro_map_tensors(const MyBatch& b, F&& f) {
+///       return {f(b.image), f(b.mask), b.id};
+///     }
+///   };
+template <class B>
+concept CustomBatch = requires(const B& b, detail::TensorIdentity f) {
+  { nitro_map_tensors(b, f) } -> std::same_as<B>;
+};
+
+namespace detail {
+template <class B>
+inline constexpr bool is_batch = CustomBatch<B>;
+template <>
+inline constexpr bool is_batch<at::Tensor> = true;
+template <class... Bs>
+inline constexpr bool is_batch<std::tuple<Bs...>> = (is_batch<Bs> && ...);
+template <class A, class B>
+inline constexpr bool is_batch<std::pair<A, B>> = is_batch<A> && is_batch<B>;
+template <class B, class Alloc>
+inline constexpr bool is_batch<std::vector<B, Alloc>> = is_batch<B>;
+template <class B>
+inline constexpr bool is_batch<std::optional<B>> = is_batch<B>;
+template <class Data, class Target>
+inline constexpr bool is_batch<torch::data::Example<Data, Target>> =
+    is_batch<Data> && (std::is_void_v<Target> || is_batch<Target>);
+}  // namespace detail
+
+/// Exactly an at::Tensor.
+template <class B>
+concept TensorBatch = std::same_as<B, at::Tensor>;
+/// A tuple, pair, vector, optional or torch::data::Example whose elements are batches.
+template <class B>
+concept CompositeBatch = !TensorBatch<B> && !CustomBatch<B> && detail::is_batch<B>;
+/// What Nitro can move to a device, pin, or record on a stream: see the list at the top.
+template <class B>
+concept Batch = detail::is_batch<std::remove_cvref_t<B>>;
+
+// ---- batch sources ----------------------------------------------------------------------------------
+
+namespace detail {
+template <class T>
+struct optional_value {};
+template <class T>
+struct optional_value<std::optional<T>> {
+  using type = T;
+};
+}  // namespace detail
+
+/// Calling it yields std::optional<Something>.
+template <class S>
+concept YieldsOptional = std::invocable<S&> && requires { typename detail::optional_value<std::invoke_result_t<S&>>::type; };
+/// The batch type a source yields.
+template <YieldsOptional S>
+using source_batch_t = typename detail::optional_value<std::invoke_result_t<S&>>::type;
+/// A source of batches: each call gives the next batch, std::nullopt at the end of the epoch.
+template <class S>
+concept BatchSource = YieldsOptional<S> && Batch<source_batch_t<S>>;
+
+// ---- policies ---------------------------------------------------------------------------------------
+
+/// The families policies belong to; a policy says `using family = nitro::family::Amp;`.
+namespace family {
+struct Amp {};
+struct Accumulation {};
+struct Checkpoint {};
+struct Clip {};
+struct Eviction {};
+}  // namespace family
+
+/// The policy has a name for reports and messages: `static constexpr std::string_view name`.
+template <class P>
+concept NamedPolicy = requires {
+  { P::name } -> std::convertible_to<std::string_view>;
+};
+/// The policy's runtime knobs: a nested `Options` aggregate that `{}` initialises.
+template <class P>
+concept HasOptions = requires { typename P::Options; } && std::is_aggregate_v<typename P::Options> &&
+                     std::default_initializable<typename P::Options>;
+/// Whether the policy does anything, as a constant: `static constexpr bool enabled`. A loop skips a
+/// disabled policy under `if constexpr`, so it costs nothing.
+template <class P>
+concept Switchable = requires {
+  { P::enabled } -> std::convertible_to<bool>;
+  typename std::bool_constant<static_cast<bool>(P::enabled)>;  // a constant expression
+};
+/// The policy declares its family.
+template <class P, class Family>
+concept OfFamily = requires { typename P::family; } && std::same_as<typename P::family, Family>;
+
+/// What every policy has.
+template <class P>
+concept Policy = NamedPolicy<P> && HasOptions<P> && Switchable<P>;
+
+/// Mixed precision (train/amp.hpp). Also says whether it scales the loss (fp16 does).
+template <class P>
+concept AmpPolicy = Policy<P> && OfFamily<P, family::Amp> && requires {
+  { P::scales_loss } -> std::convertible_to<bool>;
+};
+/// Gradient accumulation (train/accumulate.hpp).
+template <class P>
+concept AccumulationPolicy = Policy<P> && OfFamily<P, family::Accumulation>;
+/// Activation checkpointing (train/checkpoint.hpp).
+template <class P>
+concept CheckpointPolicy = Policy<P> && OfFamily<P, family::Checkpoint>;
+/// Gradient clipping (train/clip.hpp).
+template <class P>
+concept ClipPolicy = Policy<P> && OfFamily<P, family::Clip>;
+
+/// The bookkeeping an eviction policy keeps for a cache of Key: told of every insert (with the
+/// entry's weight in bytes), hit and erase; asked for the next victim.
+template <class E, class Key>
+concept EvictorFor = requires(E& e, const Key& key, std::size_t weight) {
+  e.on_insert(key, weight);
+  e.on_access(key);
+  e.on_erase(key);
+  { e.victim() } -> std::same_as<std::optional<Key>>;
+};
+/// Cache eviction (cache/evict/): a Policy of the Eviction family whose `Evictor<Key>` keeps the books.
+template <class P>
+concept EvictionPolicy = NamedPolicy<P> && HasOptions<P> && OfFamily<P, family::Eviction> &&
+                         EvictorFor<typename P::template Evictor<std::int64_t>, std::int64_t>;
+
+}  // namespace nitro

@@ -1,0 +1,181 @@
+#pragma once
+// Device tags and moving a batch between devices.
+//
+//   nitro::Cpu, nitro::Cuda      device tags: templates such as Prefetcher<Cuda> are specialised on them
+//   nitro::map_tensors(b, f)     a copy of batch b with f applied to each tensor: the one mechanism
+//                                behind to_device, pin_memory and for_each_tensor
+//   nitro::to_device(b, dev)     moves every tensor of b (non_blocking and channels_last optional)
+//   nitro::pin_memory(b)         page-locks every CPU tensor of b (needs CUDA)
+//   nitro::for_each_tensor(b, f) visits every tensor of b
+//
+// A batch is a tensor, a std::tuple / std::pair / std::vector / std::optional of batches, a
+// torch::data::Example, or a user type with the customization point below (concept nitro::Batch):
+//
+//   struct MyBatch {
+//     at::Tensor image, mask;
+//     int id;
+//     template <class F>
+//     friend MyBatch nitro_map_tensors(const MyBatch& b, F&& f) { return {f(b.image), f(b.mask), b.id}; }
+//   };
+#include <nitro/core/concepts.hpp>
+#include <nitro/core/error.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/cuda.h>
+#include <torch/data/example.h>
+
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace nitro {
+
+/// The host. Always available.
+struct Cpu {
+  static constexpr c10::DeviceType type = c10::DeviceType::CPU;
+  static constexpr std::string_view name = "cpu";
+  static bool available() noexcept { return true; }
+  static c10::Device device(c10::DeviceIndex = -1) { return c10::Device(type); }
+};
+
+/// An NVIDIA GPU through LibTorch's CUDA backend. `available()` is false on a machine without a GPU
+/// or with a CPU-only LibTorch; code specialised on Cuda still compiles there.
+struct Cuda {
+  static constexpr c10::DeviceType type = c10::DeviceType::CUDA;
+  static constexpr std::string_view name = "cuda";
+  static bool available() { return torch::cuda::is_available(); }
+  /// Index -1 means the current device.
+  static c10::Device device(c10::DeviceIndex index = -1) { return c10::Device(type, index); }
+};
+
+static_assert(DeviceTag<Cpu>);
+static_assert(DeviceTag<Cuda>);
+
+/// Throws nitro::Error naming `what` when device D is not present.
+/// nitro::require_available<nitro::Cuda>("Prefetcher<Cuda>");
+template <DeviceTag D>
+void require_available(std::string_view what) {
+  NITRO_CHECK(D::available(), what, " needs a ", D::name, " device, but none is available in this process",
+              D::type == c10::DeviceType::CUDA
+                  ? " (torch::cuda::is_available() is false: no GPU or driver, or a CPU-only LibTorch); "
+                    "use the nitro::Cpu variant or run where a GPU is present"
+                  : "");
+}
+
+namespace detail {
+
+template <class T>
+inline constexpr bool dependent_false = false;
+
+template <class T>
+struct is_tuple : std::false_type {};
+template <class... Ts>
+struct is_tuple<std::tuple<Ts...>> : std::true_type {};
+template <class T>
+struct is_pair : std::false_type {};
+template <class A, class B>
+struct is_pair<std::pair<A, B>> : std::true_type {};
+template <class T>
+struct is_vector : std::false_type {};
+template <class T, class A>
+struct is_vector<std::vector<T, A>> : std::true_type {};
+template <class T>
+struct is_optional : std::false_type {};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {};
+template <class T>
+struct is_example : std::false_type {};
+template <class D, class T>
+struct is_example<torch::data::Example<D, T>> : std::true_type {};
+
+struct MapTensorsFn {
+  template <class B, class F>
+  B operator()(const B& b, F&& f) const {
+    if constexpr (TensorBatch<B>) {
+      return f(b);
+    } else if constexpr (CustomBatch<B>) {
+      return nitro_map_tensors(b, f);
+    } else if constexpr (is_tuple<B>::value && Batch<B>) {
+      return std::apply([&](const auto&... e) { return B{(*this)(e, f)...}; }, b);
+    } else if constexpr (is_pair<B>::value && Batch<B>) {
+      return B{(*this)(b.first, f), (*this)(b.second, f)};
+    } else if constexpr (is_vector<B>::value && Batch<B>) {
+      B out;
+      out.reserve(b.size());
+      for (const auto& e : b) out.push_back((*this)(e, f));
+      return out;
+    } else if constexpr (is_optional<B>::value && Batch<B>) {
+      return b ? B{(*this)(*b, f)} : B{};
+    } else if constexpr (is_example<B>::value && Batch<B>) {
+      if constexpr (std::is_void_v<typename B::TargetType>) {
+        return B{(*this)(b.data, f)};
+      } else {
+        return B{(*this)(b.data, f), (*this)(b.target, f)};
+      }
+    } else {
+      static_assert(dependent_false<B>,
+                    "nitro: this type is not a batch Nitro can move between devices. Give it the customization "
+                    "point `template <class F> friend T nitro_map_tensors(const T& batch, F&& f)` returning a "
+                    "copy with f applied to each tensor (see nitro/core/device.hpp), or use a tensor, tuple, "
+                    "pair, vector or torch::data::Example");
+    }
+  }
+};
+
+}  // namespace detail
+
+/// A copy of `batch` with `f` (at::Tensor -> at::Tensor) applied to each of its tensors; other
+/// members are copied. The customization point for user types is `nitro_map_tensors` (see above).
+inline constexpr detail::MapTensorsFn map_tensors{};
+
+/// Calls `f(const at::Tensor&)` on each tensor of `batch`.
+template <class B, class F>
+void for_each_tensor(const B& batch, F&& f) {
+  (void)map_tensors(batch, [&f](const at::Tensor& t) {
+    f(t);
+    return t;
+  });
+}
+
+/// How to_device copies.
+struct TransferOptions {
+  /// Asynchronous copy when the source is pinned host memory (or the copy is device to host into pinned memory).
+  bool non_blocking = false;
+  /// Four-dimensional tensors arrive in channels-last layout (faster convolutions with cuDNN).
+  bool channels_last = false;
+  /// Copy even when a tensor is already on the device in the wanted layout.
+  bool copy = false;
+};
+
+/// Moves every tensor of `batch` to `device`.
+/// auto gpu_batch = nitro::to_device(example, nitro::Cuda::device(), {.non_blocking = true});
+template <class B>
+B to_device(const B& batch, c10::Device device, const TransferOptions& options = {}) {
+  return map_tensors(batch, [&](const at::Tensor& t) {
+    if (!t.defined()) return t;
+    std::optional<c10::MemoryFormat> format;
+    if (options.channels_last && t.dim() == 4) format = c10::MemoryFormat::ChannelsLast;
+    return t.to(t.options().device(device), options.non_blocking, options.copy, format);
+  });
+}
+
+/// Moves every tensor of `batch` to the current device of kind D.
+template <DeviceTag D, class B>
+B to_device(const B& batch, const TransferOptions& options = {}) {
+  return to_device(batch, D::device(), options);
+}
+
+/// Page-locks every CPU tensor of `batch` (already pinned tensors are kept), so that copies to the
+/// GPU can be asynchronous. Throws nitro::Error where no CUDA device is present.
+template <class B>
+B pin_memory(const B& batch) {
+  require_available<Cuda>("nitro::pin_memory");
+  return map_tensors(batch, [](const at::Tensor& t) {
+    if (!t.defined() || !t.device().is_cpu() || t.is_pinned()) return t;
+    return t.pin_memory();
+  });
+}
+
+}  // namespace nitro

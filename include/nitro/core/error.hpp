@@ -1,0 +1,71 @@
+#pragma once
+// nitro::Error and the contract macros.
+//
+// Two kinds of failure, kept apart:
+//  - a user's mistake (a bad option, a wrong shape, a corrupt file): `throw nitro::Error`, whose
+//    message says what was wrong and what to do. NITRO_CHECK(cond, parts...) is the shorthand.
+//  - a broken internal invariant (a bug in Nitro): NITRO_EXPECTS / NITRO_ENSURES, which are GSL's
+//    Expects / Ensures (terminate) unless NITRO_THROW_ON_CONTRACT_VIOLATION is defined, in which
+//    case they throw nitro::ContractViolation, so tests can check them with CHECK_THROWS.
+#include <gsl/assert>
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace nitro {
+
+/// What Nitro throws for a user's mistake. The message names the problem and the remedy.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Thrown instead of terminating on a violated contract when NITRO_THROW_ON_CONTRACT_VIOLATION is defined.
+class ContractViolation : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+namespace detail {
+
+template <class... Parts>
+[[nodiscard]] std::string concat(Parts&&... parts) {
+  std::ostringstream out;
+  (out << ... << std::forward<Parts>(parts));
+  return std::move(out).str();
+}
+
+/// Out of line and cold, so the check at the call site stays one compare and one branch.
+template <class... Parts>
+[[noreturn, gnu::cold, gnu::noinline]] void fail(Parts&&... parts) {
+  throw Error(concat(std::forward<Parts>(parts)...));
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void contract_violation(const char* kind, const char* cond,
+                                                                     const char* file, int line) {
+  throw ContractViolation(concat("nitro: ", kind, " violated: ", cond, " at ", file, ":", line));
+}
+
+}  // namespace detail
+}  // namespace nitro
+
+/// Throws nitro::Error with the parts streamed together when `cond` is false.
+/// NITRO_CHECK(threads > 0, "hw::Settings: intra_op_threads must be >= 1, got ", threads);
+#define NITRO_CHECK(cond, ...)                \
+  do {                                        \
+    if (!(cond)) [[unlikely]] {               \
+      ::nitro::detail::fail(__VA_ARGS__);     \
+    }                                         \
+  } while (false)
+
+#if defined(NITRO_THROW_ON_CONTRACT_VIOLATION)
+#define NITRO_EXPECTS(cond) \
+  ((cond) ? static_cast<void>(0) : ::nitro::detail::contract_violation("precondition", #cond, __FILE__, __LINE__))
+#define NITRO_ENSURES(cond) \
+  ((cond) ? static_cast<void>(0) : ::nitro::detail::contract_violation("postcondition", #cond, __FILE__, __LINE__))
+#else
+#define NITRO_EXPECTS(cond) Expects(cond)
+#define NITRO_ENSURES(cond) Ensures(cond)
+#endif

@@ -1,0 +1,13 @@
+#pragma once
+// Everything Nitro offers. For faster builds include only the headers you use.
+#include <nitro/version.hpp>
+
+#include <nitro/core/compat.hpp>
+#include <nitro/core/concepts.hpp>
+#include <nitro/core/config.hpp>
+#include <nitro/core/device.hpp>
+#include <nitro/core/error.hpp>
+
+#include <nitro/hw/settings.hpp>
+
+#include <nitro/data/synthetic.hpp>

@@ -1,0 +1,134 @@
+#include <nitro/core/device.hpp>
+
+#include "helpers.hpp"
+
+#include <torch/torch.h>
+
+#include <doctest/doctest.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace {
+
+struct UserBatch {
+  at::Tensor image;
+  at::Tensor mask;
+  int id = 0;
+  template <class F>
+  friend UserBatch nitro_map_tensors(const UserBatch& b, F&& f) {
+    return {f(b.image), f(b.mask), b.id};
+  }
+};
+
+auto doubled = [](const at::Tensor& t) { return t * 2; };
+
+bool same(const at::Tensor& a, const at::Tensor& b) { return a.sizes() == b.sizes() && a.equal(b); }
+
+}  // namespace
+
+TEST_CASE("device tags name their LibTorch device") {
+  CHECK(nitro::Cpu::type == c10::DeviceType::CPU);
+  CHECK(nitro::Cuda::type == c10::DeviceType::CUDA);
+  CHECK(nitro::Cpu::available());
+  CHECK(nitro::Cuda::available() == torch::cuda::is_available());
+  CHECK(nitro::Cuda::device(1) == c10::Device(c10::DeviceType::CUDA, 1));
+  CHECK(nitro::Cpu::device().is_cpu());
+}
+
+TEST_CASE("map_tensors applies f to every tensor of every supported batch shape") {
+  const auto a = torch::arange(4, torch::kFloat);
+  const auto b = torch::ones({2, 2});
+
+  CHECK(same(nitro::map_tensors(a, doubled), a * 2));
+
+  auto t = nitro::map_tensors(std::make_tuple(a, b), doubled);
+  CHECK(same(std::get<0>(t), a * 2));
+  CHECK(same(std::get<1>(t), b * 2));
+
+  auto p = nitro::map_tensors(std::make_pair(a, std::vector<at::Tensor>{a, b}), doubled);
+  CHECK(same(p.first, a * 2));
+  REQUIRE(p.second.size() == 2);
+  CHECK(same(p.second[1], b * 2));
+
+  auto o = nitro::map_tensors(std::optional<at::Tensor>{a}, doubled);
+  REQUIRE(o.has_value());
+  CHECK(same(*o, a * 2));
+  CHECK_FALSE(nitro::map_tensors(std::optional<at::Tensor>{}, doubled).has_value());
+
+  auto e = nitro::map_tensors(torch::data::Example<>{a, b}, doubled);
+  CHECK(same(e.data, a * 2));
+  CHECK(same(e.target, b * 2));
+  auto n = nitro::map_tensors(torch::data::TensorExample{a}, doubled);
+  CHECK(same(n.data, a * 2));
+
+  auto u = nitro::map_tensors(UserBatch{a, b, 7}, doubled);
+  CHECK(same(u.image, a * 2));
+  CHECK(same(u.mask, b * 2));
+  CHECK(u.id == 7);
+}
+
+TEST_CASE("for_each_tensor visits each tensor once") {
+  const auto x = torch::zeros({1});
+  int visits = 0;
+  std::int64_t elements = 0;
+  const auto batch = std::make_tuple(torch::zeros({3}), std::vector<at::Tensor>{x, x, x}, torch::data::Example<>{x, x},
+                                     UserBatch{torch::zeros({2, 5}), x, 1});
+  nitro::for_each_tensor(batch, [&](const at::Tensor& t) {
+    ++visits;
+    elements += t.numel();
+  });
+  CHECK(visits == 1 + 3 + 2 + 2);
+  CHECK(elements == 3 + 3 + 2 + 10 + 1);
+}
+
+TEST_CASE("to_device on the CPU: no copy unless asked, layout on request") {
+  const auto x = torch::randn({2, 3, 4, 5});
+  const auto y = nitro::to_device(x, nitro::Cpu::device());
+  CHECK(y.data_ptr() == x.data_ptr());  // already there: the same storage
+
+  const auto z = nitro::to_device(x, nitro::Cpu::device(), {.copy = true});
+  CHECK(z.data_ptr() != x.data_ptr());
+  CHECK(same(z, x));
+
+  const auto [image, label] =
+      nitro::to_device<nitro::Cpu>(std::make_pair(x, torch::arange(3)), {.channels_last = true});
+  CHECK(image.is_contiguous(c10::MemoryFormat::ChannelsLast));
+  CHECK_FALSE(x.is_contiguous(c10::MemoryFormat::ChannelsLast));
+  CHECK(same(image, x));
+  CHECK(label.is_contiguous());  // not 4-D: left alone
+
+  const auto undefined = nitro::to_device(std::optional<at::Tensor>{at::Tensor{}}, nitro::Cpu::device());
+  CHECK_FALSE(undefined->defined());
+}
+
+TEST_CASE("without a GPU, pinning and CUDA requirements say so") {
+  if (nitro::Cuda::available()) {
+    MESSAGE("a GPU is present: the no-GPU messages are not reachable here");
+    return;
+  }
+  try {
+    (void)nitro::pin_memory(torch::ones({2}));
+    FAIL("pin_memory did not throw");
+  } catch (const nitro::Error& e) {
+    const std::string what = e.what();
+    CHECK(what.find("nitro::pin_memory needs a cuda device") != std::string::npos);
+    CHECK(what.find("nitro::Cpu") != std::string::npos);
+  }
+  CHECK_THROWS_AS(nitro::require_available<nitro::Cuda>("Prefetcher<Cuda>"), nitro::Error);
+  CHECK_NOTHROW(nitro::require_available<nitro::Cpu>("anything"));
+}
+
+TEST_CASE("to_device<Cuda> moves a whole batch intact, pinned and asynchronously" * nitro::test::needs_gpu()) {
+  const auto image = torch::randn({8, 3, 16, 16});
+  const auto label = torch::randint(10, {8});
+  const auto pinned = nitro::pin_memory(torch::data::Example<>{image, label});
+  CHECK(pinned.data.is_pinned());
+  const auto gpu = nitro::to_device<nitro::Cuda>(pinned, {.non_blocking = true});
+  CHECK(gpu.data.is_cuda());
+  CHECK(gpu.target.is_cuda());
+  CHECK(same(gpu.data.cpu(), image));
+  CHECK(same(gpu.target.cpu(), label));
+}

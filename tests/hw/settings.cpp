@@ -1,0 +1,108 @@
+#include <nitro/hw/settings.hpp>
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <future>
+#include <limits>
+#include <string>
+
+namespace {
+
+std::string error_of(const nitro::hw::Settings& s) {
+  try {
+    nitro::hw::ScopedSettings scope{s};
+  } catch (const nitro::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+struct Snapshot {
+  bool benchmark = at::globalContext().benchmarkCuDNN();
+  bool deterministic = at::globalContext().deterministicCuDNN();
+  bool algorithms = at::globalContext().deterministicAlgorithms();
+  nitro::compat::Tf32State tf32 = nitro::compat::tf32_state();
+  int threads = at::get_num_threads();
+  bool operator==(const Snapshot& o) const {
+    return benchmark == o.benchmark && deterministic == o.deterministic && algorithms == o.algorithms &&
+           tf32.matmul == o.tf32.matmul && tf32.conv == o.tf32.conv && threads == o.threads;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("bad settings name the setting and the allowed range") {
+  CHECK(contains(error_of({.intra_op_threads = -2}), "intra_op_threads must be >= 1, got -2"));
+  CHECK(contains(error_of({.intra_op_threads = 0}), "intra_op_threads must be >= 1"));
+  CHECK(contains(error_of({.inter_op_threads = -1}), "inter_op_threads must be >= 1, got -1"));
+  for (double f : {0.0, -0.5, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
+    CAPTURE(f);
+    CHECK(contains(error_of({.cuda_memory_fraction = f}), "cuda_memory_fraction must be in (0, 1]"));
+  }
+  if (!nitro::Cuda::available()) {
+    CHECK(contains(error_of({.cuda_memory_fraction = 0.5}), "needs a cuda device"));
+  }
+}
+
+TEST_CASE("a rejected Settings changes nothing") {
+  const Snapshot before;
+  CHECK_THROWS_AS(nitro::hw::ScopedSettings({.cudnn_benchmark = !before.benchmark, .tf32 = true,
+                                             .intra_op_threads = 1, .cuda_memory_fraction = 2.0}),
+                  nitro::Error);
+  CHECK(Snapshot{} == before);
+}
+
+TEST_CASE("ScopedSettings applies every setting and restores each on exit, nested too") {
+  const Snapshot before;
+  const int threads = before.threads == 1 ? 2 : 1;
+  {
+    nitro::hw::ScopedSettings outer{{.cudnn_benchmark = !before.benchmark,
+                                     .cudnn_deterministic = !before.deterministic,
+                                     .deterministic_algorithms = !before.algorithms,
+                                     .tf32 = !nitro::compat::tf32_enabled(),
+                                     .intra_op_threads = threads}};
+    CHECK(at::globalContext().benchmarkCuDNN() == !before.benchmark);
+    CHECK(at::globalContext().deterministicCuDNN() == !before.deterministic);
+    CHECK(at::globalContext().deterministicAlgorithms() == !before.algorithms);
+    CHECK(at::get_num_threads() == threads);
+    const Snapshot inside;
+    {
+      nitro::hw::ScopedSettings inner{nitro::hw::Settings::fast()};
+      CHECK(at::globalContext().benchmarkCuDNN());
+      CHECK(nitro::compat::tf32_enabled());
+      CHECK(at::globalContext().deterministicCuDNN() == !before.deterministic);  // untouched field
+    }
+    CHECK(Snapshot{} == inside);
+  }
+  CHECK(Snapshot{} == before);
+}
+
+TEST_CASE("current() reports what is in force; the presets say what they set") {
+  nitro::hw::ScopedSettings scope{nitro::hw::Settings::reproducible()};
+  const auto now = nitro::hw::current();
+  CHECK(now.cudnn_benchmark == false);
+  CHECK(now.cudnn_deterministic == true);
+  CHECK(now.deterministic_algorithms == true);
+  CHECK(now.tf32 == false);
+  CHECK(now.intra_op_threads == at::get_num_threads());
+  CHECK(now.inter_op_threads == static_cast<int>(at::get_num_interop_threads()));
+}
+
+TEST_CASE("inter-op threads: same value is a no-op; a change after parallel work is refused with the reason") {
+  // Start LibTorch's inter-op pool, after which it can no longer be resized.
+  std::promise<void> ran;
+  at::launch([&] { ran.set_value(); });
+  ran.get_future().wait();
+  const int now = static_cast<int>(at::get_num_interop_threads());
+  CHECK_NOTHROW(nitro::hw::ScopedSettings({.inter_op_threads = now}));
+  const auto message = error_of({.inter_op_threads = now + 1});
+  CHECK(contains(message, "inter_op_threads can no longer be changed"));
+  CHECK(contains(message, "once per process"));
+  CHECK(static_cast<int>(at::get_num_interop_threads()) == now);
+}

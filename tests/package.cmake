@@ -1,0 +1,33 @@
+# Packaging tests: a consumer project (tests/package/) configured, built and run by CTest twice,
+# once with find_package(nitro) against a fresh install, once with add_subdirectory; and, where
+# cmake/deps.sh provided Conan, `conan create` of the header-only package, offline.
+set(pkg ${CMAKE_BINARY_DIR}/package)
+set(consumer_options -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER})
+
+add_test(NAME package.install COMMAND ${CMAKE_COMMAND} --install ${CMAKE_BINARY_DIR} --prefix ${pkg}/prefix)
+set_tests_properties(package.install PROPERTIES FIXTURES_SETUP nitro_installed LABELS package)
+
+add_test(NAME package.find_package
+         COMMAND ${CMAKE_CTEST_COMMAND} --build-and-test ${CMAKE_CURRENT_SOURCE_DIR}/package ${pkg}/find_package
+                 --build-generator ${CMAKE_GENERATOR} --build-noclean
+                 --build-options ${consumer_options} -DNITRO_CONSUME=find_package
+                                 "-DCMAKE_PREFIX_PATH=${pkg}/prefix;${CMAKE_PREFIX_PATH}"
+                 --test-command nitro_consumer)
+set_tests_properties(package.find_package PROPERTIES FIXTURES_REQUIRED nitro_installed LABELS package
+                     PASS_REGULAR_EXPRESSION "nitro consumer ok")
+
+add_test(NAME package.add_subdirectory
+         COMMAND ${CMAKE_CTEST_COMMAND} --build-and-test ${CMAKE_CURRENT_SOURCE_DIR}/package ${pkg}/add_subdirectory
+                 --build-generator ${CMAKE_GENERATOR} --build-noclean
+                 --build-options ${consumer_options} -DNITRO_CONSUME=add_subdirectory
+                                 -DNITRO_SOURCE_DIR=${PROJECT_SOURCE_DIR} "-DCMAKE_PREFIX_PATH=${CMAKE_PREFIX_PATH}"
+                 --test-command nitro_consumer)
+set_tests_properties(package.add_subdirectory PROPERTIES LABELS package PASS_REGULAR_EXPRESSION "nitro consumer ok")
+
+if(NITRO_CONAN)
+  add_test(NAME package.conan_create
+           COMMAND ${CMAKE_COMMAND} -DCONAN=${NITRO_CONAN} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
+                   -DCONAN_HOME=${pkg}/conan-home -P ${PROJECT_SOURCE_DIR}/cmake/conan_create.cmake)
+  set_tests_properties(package.conan_create PROPERTIES LABELS package
+                       PASS_REGULAR_EXPRESSION "nitro test_package: version ${PROJECT_VERSION}")
+endif()

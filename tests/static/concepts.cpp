@@ -1,0 +1,126 @@
+// Which types satisfy each concept of core/concepts.hpp, and which do not. Compiling is the test.
+#include <nitro/core/concepts.hpp>
+#include <nitro/core/device.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using nitro::Batch;
+using Tensor = at::Tensor;
+
+// ---- device tags
+static_assert(nitro::DeviceTag<nitro::Cpu> && nitro::DeviceTag<nitro::Cuda>);
+static_assert(!nitro::DeviceTag<int>);
+struct NoName {
+  static constexpr c10::DeviceType type = c10::DeviceType::CPU;
+  static bool available() { return true; }
+};
+static_assert(nitro::HasDeviceType<NoName> && !nitro::HasDeviceName<NoName> && !nitro::DeviceTag<NoName>);
+struct RuntimeType {
+  static inline c10::DeviceType type = c10::DeviceType::CPU;  // not a constant
+  static constexpr std::string_view name = "x";
+  static bool available() { return true; }
+};
+static_assert(!nitro::HasDeviceType<RuntimeType>);
+
+// ---- batches
+struct Custom {
+  Tensor x;
+  template <class F>
+  friend Custom nitro_map_tensors(const Custom& c, F&& f) {
+    return {f(c.x)};
+  }
+};
+struct Plain {
+  Tensor x;
+};
+static_assert(Batch<Tensor> && Batch<const Tensor&>);
+static_assert(Batch<std::tuple<Tensor, Tensor>> && Batch<std::pair<Tensor, std::vector<Tensor>>>);
+static_assert(Batch<std::optional<Tensor>> && Batch<std::tuple<>>);
+static_assert(Batch<torch::data::Example<>> && Batch<torch::data::TensorExample>);
+static_assert(Batch<Custom> && nitro::CustomBatch<Custom> && Batch<std::vector<Custom>>);
+static_assert(nitro::TensorBatch<Tensor> && nitro::CompositeBatch<std::tuple<Tensor>> && !nitro::CompositeBatch<Custom>);
+static_assert(!Batch<Plain> && !Batch<int> && !Batch<std::tuple<Tensor, int>> && !Batch<std::vector<Plain>>);
+static_assert(!Batch<torch::data::Example<Tensor, int>>);
+
+// ---- batch sources
+struct CountingSource {
+  int left = 3;
+  std::optional<std::pair<Tensor, Tensor>> operator()();
+};
+static_assert(nitro::BatchSource<CountingSource>);
+static_assert(std::same_as<nitro::source_batch_t<CountingSource>, std::pair<Tensor, Tensor>>);
+static_assert(nitro::BatchSource<std::optional<Tensor> (*)()>);
+static_assert(!nitro::BatchSource<Tensor (*)()>);                  // must say when it ends
+static_assert(!nitro::BatchSource<std::optional<int> (*)()>);      // must yield a batch
+static_assert(nitro::YieldsOptional<std::optional<int> (*)()>);    // ... which is the piece that failed
+
+// ---- policies
+struct GoodAmp {
+  using family = nitro::family::Amp;
+  static constexpr std::string_view name = "good";
+  static constexpr bool enabled = true;
+  static constexpr bool scales_loss = false;
+  struct Options {
+    double x = 1;
+  };
+};
+struct NoOptions {
+  using family = nitro::family::Amp;
+  static constexpr std::string_view name = "no options";
+  static constexpr bool enabled = false;
+  static constexpr bool scales_loss = false;
+};
+struct RuntimeEnabled {
+  using family = nitro::family::Checkpoint;
+  static constexpr std::string_view name = "runtime";
+  static inline bool enabled = true;  // must be a constant: the loop branches on it with if constexpr
+  struct Options {};
+};
+struct GoodCheckpoint {
+  using family = nitro::family::Checkpoint;
+  static constexpr std::string_view name = "segments";
+  static constexpr bool enabled = true;
+  struct Options {
+    int segments = 4;
+  };
+};
+static_assert(nitro::AmpPolicy<GoodAmp> && !nitro::CheckpointPolicy<GoodAmp>);
+static_assert(!nitro::HasOptions<NoOptions> && !nitro::AmpPolicy<NoOptions>);
+static_assert(!nitro::Switchable<RuntimeEnabled> && !nitro::CheckpointPolicy<RuntimeEnabled>);
+static_assert(nitro::CheckpointPolicy<GoodCheckpoint> && !nitro::AccumulationPolicy<GoodCheckpoint>);
+static_assert(!nitro::Policy<int>);
+
+struct GoodEviction {
+  using family = nitro::family::Eviction;
+  static constexpr std::string_view name = "fifo";
+  struct Options {};
+  template <class Key>
+  struct Evictor {
+    void on_insert(const Key&, std::size_t);
+    void on_access(const Key&);
+    void on_erase(const Key&);
+    std::optional<Key> victim();
+  };
+};
+struct NoVictim {
+  using family = nitro::family::Eviction;
+  static constexpr std::string_view name = "none";
+  struct Options {};
+  template <class Key>
+  struct Evictor {
+    void on_insert(const Key&, std::size_t);
+    void on_access(const Key&);
+    void on_erase(const Key&);
+  };
+};
+static_assert(nitro::EvictionPolicy<GoodEviction>);
+static_assert(!nitro::EvictorFor<NoVictim::Evictor<std::int64_t>, std::int64_t> && !nitro::EvictionPolicy<NoVictim>);
+
+}  // namespace
