@@ -31,3 +31,19 @@ if(NITRO_CONAN)
   set_tests_properties(package.conan_create PROPERTIES LABELS package
                        PASS_REGULAR_EXPRESSION "nitro test_package: version ${PROJECT_VERSION}")
 endif()
+
+# The examples build stand-alone against the installed package, as a user copying one would.
+add_test(NAME package.examples_standalone
+         COMMAND ${CMAKE_CTEST_COMMAND} --build-and-test ${PROJECT_SOURCE_DIR}/examples ${pkg}/examples
+                 --build-generator ${CMAKE_GENERATOR} --build-noclean --build-target quickstart
+                 --build-options ${consumer_options} "-DCMAKE_PREFIX_PATH=${pkg}/prefix;${CMAKE_PREFIX_PATH}"
+                 --test-command quickstart --epochs 1 --samples 256 --batch 64)
+set_tests_properties(package.examples_standalone PROPERTIES FIXTURES_REQUIRED nitro_installed LABELS package
+                     PASS_REGULAR_EXPRESSION "test accuracy")
+
+# A LibTorch location that is wrong stops the dependency step with one line saying what to do.
+add_test(NAME package.deps_bad_torch_dir
+         COMMAND ${CMAKE_COMMAND} -E env Torch_DIR=${CMAKE_BINARY_DIR}/no-such-torch
+                 ${PROJECT_SOURCE_DIR}/cmake/deps.sh ${pkg}/deps-bad.cmake)
+set_tests_properties(package.deps_bad_torch_dir PROPERTIES LABELS package
+                     PASS_REGULAR_EXPRESSION "error: Torch_DIR=.*no-such-torch has no TorchConfig.cmake; point it at")

@@ -1,4 +1,3 @@
-// Precompiled once, reused by every test executable: the heavy LibTorch and doctest headers.
+// Precompiled once, reused by every test executable.
 #pragma once
-#include <doctest/doctest.h>
-#include <torch/torch.h>
+#include "testing.hpp"

@@ -1,8 +1,6 @@
 #include <nitro/core/compat.hpp>
 
-#include <torch/torch.h>
-
-#include <doctest/doctest.h>
+#include "testing.hpp"
 
 #include <string>
 

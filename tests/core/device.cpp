@@ -1,10 +1,6 @@
 #include <nitro/core/device.hpp>
 
-#include "helpers.hpp"
-
-#include <torch/torch.h>
-
-#include <doctest/doctest.h>
+#include "testing.hpp"
 
 #include <optional>
 #include <string>

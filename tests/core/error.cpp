@@ -1,6 +1,6 @@
 #include <nitro/core/error.hpp>
 
-#include <doctest/doctest.h>
+#include "testing.hpp"
 
 #include <string>
 

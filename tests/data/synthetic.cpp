@@ -1,8 +1,6 @@
 #include <nitro/data/synthetic.hpp>
 
-#include <torch/torch.h>
-
-#include <doctest/doctest.h>
+#include "testing.hpp"
 
 #include <string>
 #include <vector>

@@ -1,9 +1,11 @@
 #include <nitro/hw/settings.hpp>
 
 #include <ATen/Parallel.h>
-#include <torch/torch.h>
-
-#include <doctest/doctest.h>
+#if NITRO_WITH_CUDA
+#include <c10/cuda/CUDAException.h>
+#include <cuda_runtime_api.h>
+#endif
+#include "testing.hpp"
 
 #include <cmath>
 #include <future>
@@ -83,7 +85,7 @@ TEST_CASE("ScopedSettings applies every setting and restores each on exit, neste
   CHECK(Snapshot{} == before);
 }
 
-TEST_CASE("current() reports what is in force; the presets say what they set") {
+TEST_CASE("current() reports what is in force and the presets say what they set") {
   nitro::hw::ScopedSettings scope{nitro::hw::Settings::reproducible()};
   const auto now = nitro::hw::current();
   CHECK(now.cudnn_benchmark == false);
@@ -94,7 +96,7 @@ TEST_CASE("current() reports what is in force; the presets say what they set") {
   CHECK(now.inter_op_threads == static_cast<int>(at::get_num_interop_threads()));
 }
 
-TEST_CASE("inter-op threads: same value is a no-op; a change after parallel work is refused with the reason") {
+TEST_CASE("inter-op threads: the same value is a no-op, a change after parallel work is refused with the reason") {
   // Start LibTorch's inter-op pool, after which it can no longer be resized.
   std::promise<void> ran;
   at::launch([&] { ran.set_value(); });
@@ -105,4 +107,21 @@ TEST_CASE("inter-op threads: same value is a no-op; a change after parallel work
   CHECK(contains(message, "inter_op_threads can no longer be changed"));
   CHECK(contains(message, "once per process"));
   CHECK(static_cast<int>(at::get_num_interop_threads()) == now);
+}
+
+TEST_CASE("cuda_memory_fraction caps the caching allocator for the scope" * nitro::test::needs_gpu()) {
+#if NITRO_WITH_CUDA
+  const auto device = c10::cuda::current_device();
+  const auto before = nitro::compat::cuda_memory_fraction(device);
+  {
+    nitro::hw::ScopedSettings scope{{.cuda_memory_fraction = 0.25}};
+    if (before) CHECK(*nitro::compat::cuda_memory_fraction(device) == doctest::Approx(0.25));
+    // An allocation above a quarter of the device is refused by the allocator while the cap holds.
+    size_t free_bytes = 0, total_bytes = 0;
+    C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const auto too_big = static_cast<std::int64_t>(static_cast<double>(total_bytes) * 0.3);
+    CHECK_THROWS(torch::empty({too_big}, torch::dtype(torch::kUInt8).device(torch::kCUDA)));
+  }
+  if (before) CHECK(*nitro::compat::cuda_memory_fraction(device) == doctest::Approx(*before));
+#endif
 }
