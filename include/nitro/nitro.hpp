@@ -3,6 +3,7 @@
 #include <nitro/version.hpp>
 
 #include <nitro/core/compat.hpp>
+#include <nitro/core/compat_autocast.hpp>
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/config.hpp>
 #include <nitro/core/device.hpp>

@@ -1,4 +1,5 @@
 #include <nitro/core/compat.hpp>
+#include <nitro/core/compat_autocast.hpp>
 
 #include "testing.hpp"
 

@@ -2,6 +2,8 @@
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/device.hpp>
 
+#include <torch/data/example.h>
+
 #include <cstdint>
 #include <optional>
 #include <string_view>

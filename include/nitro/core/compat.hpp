@@ -3,10 +3,11 @@
 // wrappers, so supporting a new LibTorch release means editing this file only.
 //
 // Supported: LibTorch 2.4 and newer (the device-agnostic autocast API); tested on 2.11.
+// The autocast part lives in core/compat_autocast.hpp: its LibTorch header is as heavy as ATen.h,
+// and only the AMP policies need it.
 #include <nitro/core/config.hpp>
 
 #include <ATen/Context.h>
-#include <ATen/autocast_mode.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 #include <torch/version.h>
@@ -25,19 +26,6 @@ static_assert(NITRO_TORCH_VERSION >= 204,
               "cmake/deps.sh installs the tested version");
 
 namespace nitro::compat {
-
-// ---- autocast ---------------------------------------------------------------------------------------
-
-inline bool autocast_enabled(c10::DeviceType device) { return at::autocast::is_autocast_enabled(device); }
-inline void set_autocast_enabled(c10::DeviceType device, bool on) { at::autocast::set_autocast_enabled(device, on); }
-inline c10::ScalarType autocast_dtype(c10::DeviceType device) { return at::autocast::get_autocast_dtype(device); }
-inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
-  at::autocast::set_autocast_dtype(device, dtype);
-}
-/// Nesting depth bookkeeping: the outermost autocast region clears the cast cache on exit.
-inline int autocast_increment_nesting() { return at::autocast::increment_nesting(); }
-inline int autocast_decrement_nesting() { return at::autocast::decrement_nesting(); }
-inline void autocast_clear_cache() { at::autocast::clear_cache(); }
 
 // ---- TF32 -------------------------------------------------------------------------------------------
 // LibTorch 2.11 keeps a per-backend, per-operation float32 precision; the older bool flags still

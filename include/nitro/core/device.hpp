@@ -9,7 +9,8 @@
 //   nitro::for_each_tensor(b, f) visits every tensor of b
 //
 // A batch is a tensor, a std::tuple / std::pair / std::vector / std::optional of batches, a
-// torch::data::Example, or a user type with the customization point below (concept nitro::Batch):
+// torch::data::Example (include <torch/data/example.h> to use it: it is heavy, so this header only
+// forward-declares it), or a user type with the customization point below (concept nitro::Batch):
 //
 //   struct MyBatch {
 //     at::Tensor image, mask;
@@ -23,7 +24,6 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <torch/cuda.h>
-#include <torch/data/example.h>
 
 #include <string_view>
 #include <tuple>

@@ -1,0 +1,25 @@
+#pragma once
+// The autocast part of core/compat.hpp (kept apart because <ATen/autocast_mode.h> is as heavy as
+// <ATen/ATen.h>): the device-agnostic at::autocast API of LibTorch 2.4 and newer.
+#include <nitro/core/compat.hpp>
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+
+namespace nitro::compat {
+
+// ---- autocast ---------------------------------------------------------------------------------------
+
+inline bool autocast_enabled(c10::DeviceType device) { return at::autocast::is_autocast_enabled(device); }
+inline void set_autocast_enabled(c10::DeviceType device, bool on) { at::autocast::set_autocast_enabled(device, on); }
+inline c10::ScalarType autocast_dtype(c10::DeviceType device) { return at::autocast::get_autocast_dtype(device); }
+inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
+  at::autocast::set_autocast_dtype(device, dtype);
+}
+/// Nesting depth bookkeeping: the outermost autocast region clears the cast cache on exit.
+inline int autocast_increment_nesting() { return at::autocast::increment_nesting(); }
+inline int autocast_decrement_nesting() { return at::autocast::decrement_nesting(); }
+inline void autocast_clear_cache() { at::autocast::clear_cache(); }
+
+}  // namespace nitro::compat
