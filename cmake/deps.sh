@@ -48,6 +48,7 @@ venv_ok() { [ -f "$1/.nitro-complete" ]; }
 
 # ---- LibTorch --------------------------------------------------------------------------------------
 torch_prefix=""
+torch_python=""  # a python with this torch, for the tests that compare with PyTorch
 if [ -n "${Torch_DIR:-}" ]; then
   [ -f "$Torch_DIR/TorchConfig.cmake" ] || die "Torch_DIR=$Torch_DIR has no TorchConfig.cmake; point it at <libtorch>/share/cmake/Torch"
   torch_prefix=$(dirname "$Torch_DIR")
@@ -67,6 +68,7 @@ if [ -z "$torch_prefix" ] && command -v python3 >/dev/null; then
   read -r v p < <(python_prefix python3) || true
   if [ -n "${p:-}" ]; then
     torch_prefix=$p
+    torch_python=$(command -v python3)
     [ "$v" = "$torch_version" ] || say "note: python3 has torch $v; Nitro is tested on $torch_version"
     say "LibTorch $v from python3 ($p)"
   fi
@@ -82,6 +84,7 @@ if [ -z "$torch_prefix" ]; then
     [ -n "${p:-}" ] || die "torch was installed into $venv but does not import; remove $venv and run again"
   fi
   torch_prefix=$p
+  torch_python=$venv/bin/python
   say "LibTorch $v from $venv"
 fi
 
@@ -123,7 +126,8 @@ fi
 mkdir -p "$(dirname "$out")"
 {
   echo "# written by cmake/deps.sh; do not edit"
-  echo "set(CMAKE_PREFIX_PATH \"$torch_prefix\" CACHE STRING \"\")"
-  [ -n "$conan" ] && echo "set(NITRO_CONAN \"$conan\" CACHE FILEPATH \"\")"
+  echo "set(CMAKE_PREFIX_PATH \"$torch_prefix\" CACHE STRING \"\" FORCE)"
+  [ -n "$conan" ] && echo "set(NITRO_CONAN \"$conan\" CACHE FILEPATH \"\" FORCE)"
+  echo "set(NITRO_PYTHON \"$torch_python\" CACHE FILEPATH \"a python that imports the same torch (reference tests)\" FORCE)"
 } >"$out.tmp" && mv "$out.tmp" "$out"
 say "ready ($out)"

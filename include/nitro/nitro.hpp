@@ -11,4 +11,13 @@
 
 #include <nitro/hw/settings.hpp>
 
+#include <nitro/memory/tracking_allocator.hpp>
+
+#include <nitro/train/accumulate.hpp>
+#include <nitro/train/amp.hpp>
+#include <nitro/train/checkpoint.hpp>
+#include <nitro/train/clip.hpp>
+#include <nitro/train/levels.hpp>
+#include <nitro/train/training_loop.hpp>
+
 #include <nitro/data/synthetic.hpp>

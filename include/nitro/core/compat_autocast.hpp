@@ -11,6 +11,8 @@ namespace nitro::compat {
 
 // ---- autocast ---------------------------------------------------------------------------------------
 
+/// Whether LibTorch can autocast on this device type at all.
+inline bool autocast_available(c10::DeviceType device) { return at::autocast::is_autocast_available(device); }
 inline bool autocast_enabled(c10::DeviceType device) { return at::autocast::is_autocast_enabled(device); }
 inline void set_autocast_enabled(c10::DeviceType device, bool on) { at::autocast::set_autocast_enabled(device, on); }
 inline c10::ScalarType autocast_dtype(c10::DeviceType device) { return at::autocast::get_autocast_dtype(device); }

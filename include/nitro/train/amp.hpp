@@ -1,0 +1,300 @@
+#pragma once
+// Mixed precision: the AMP policies of TrainingLoop, the loss scalers, and an autocast guard.
+//
+//   amp::Off                  fp32 everywhere. The baseline.
+//   amp::Bf16                 autocast to bfloat16 (CUDA and CPU). Same range as fp32, so no loss
+//                             scaling; the usual choice on Ampere and newer GPUs and bf16 CPUs.
+//   amp::Fp16<Scaler>         autocast to float16 with loss scaling; for GPUs without fast bf16.
+//                             Scaler is DynamicLossScale (default) or StaticLossScale.
+//   DynamicLossScale          torch.amp.GradScaler's algorithm, step for step: init 65536, growth
+//                             2.0 after 2000 finite steps, backoff 0.5 on inf/NaN, the optimizer step
+//                             skipped on inf/NaN, LibTorch's fused kernels; state saves and loads.
+//   StaticLossScale           a fixed scale; inf/NaN steps are still detected and skipped.
+//   AutocastGuard             RAII autocast region with the semantics of Python's torch.autocast.
+#include <nitro/core/compat.hpp>
+#include <nitro/core/compat_autocast.hpp>
+#include <nitro/core/concepts.hpp>
+#include <nitro/core/error.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_amp_update_scale.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace nitro {
+
+/// Autocast on `device` to `dtype` for a scope, as Python's `with torch.autocast(...)`: saves and
+/// restores the enabled state and dtype, and clears the cast cache when the outermost region exits.
+/// { nitro::AutocastGuard bf16{c10::DeviceType::CUDA, at::kBFloat16}; auto y = model->forward(x); }
+class AutocastGuard {
+ public:
+  AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool enabled = true)
+      : device_(device),
+        was_enabled_(compat::autocast_enabled(device)),
+        was_dtype_(compat::autocast_dtype(device)) {
+    compat::set_autocast_enabled(device, enabled);
+    compat::set_autocast_dtype(device, dtype);
+    compat::autocast_increment_nesting();
+  }
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+  ~AutocastGuard() {
+    if (compat::autocast_decrement_nesting() == 0) compat::autocast_clear_cache();
+    compat::set_autocast_enabled(device_, was_enabled_);
+    compat::set_autocast_dtype(device_, was_dtype_);
+  }
+
+ private:
+  c10::DeviceType device_;
+  bool was_enabled_;
+  c10::ScalarType was_dtype_;
+};
+
+/// What a loss scaler saves: the keys of torch.amp.GradScaler.state_dict().
+struct LossScaleState {
+  double scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  std::int64_t growth_interval = 2000;
+  std::int64_t growth_tracker = 0;
+};
+
+namespace detail {
+
+/// Gradients grouped by (device, dtype) for the fused multi-tensor kernels. The storage is reused
+/// from step to step, so grouping allocates nothing once the groups exist.
+class GradGroups {
+ public:
+  struct Group {
+    c10::Device device;
+    c10::ScalarType dtype;
+    std::vector<at::Tensor> grads;
+  };
+
+  template <class Params>
+  void assign(const Params& params) {
+    for (auto& g : groups_) g.grads.clear();
+    for (const auto& p : params) {
+      const auto& grad = p.grad();
+      if (!grad.defined()) continue;
+      find(grad.device(), grad.scalar_type()).grads.push_back(grad);
+    }
+  }
+  template <class F>
+  void for_each(F&& f) {
+    for (auto& g : groups_)
+      if (!g.grads.empty()) f(g);
+  }
+  bool empty() const noexcept {
+    for (const auto& g : groups_)
+      if (!g.grads.empty()) return false;
+    return true;
+  }
+
+ private:
+  Group& find(c10::Device device, c10::ScalarType dtype) {
+    for (auto& g : groups_)
+      if (g.device == device && g.dtype == dtype) return g;
+    return groups_.emplace_back(Group{device, dtype, {}});
+  }
+  std::vector<Group> groups_;
+};
+
+/// Multiplies every gradient by inv_scale and sets found_inf (a float32 scalar on the scale's
+/// device) to 1 if any is inf or NaN, with LibTorch's fused kernel per device and dtype.
+inline void unscale_grads(GradGroups& groups, const at::Tensor& inv_scale, at::Tensor& found_inf) {
+  groups.for_each([&](GradGroups::Group& g) {
+    NITRO_CHECK(g.dtype != at::kHalf,
+                "amp: gradients are float16, so they cannot be unscaled safely (as torch.amp.GradScaler refuses "
+                "too); keep the parameters in float32 and let autocast run the float16 math");
+    if (g.device == found_inf.device()) {
+      at::_amp_foreach_non_finite_check_and_unscale_(g.grads, found_inf, inv_scale);
+    } else {
+      // Gradients on another device: check there, then fold into the scale's device (rare: models
+      // split across devices). One small copy, no synchronisation.
+      auto local = at::zeros({}, found_inf.options().device(g.device));
+      at::_amp_foreach_non_finite_check_and_unscale_(g.grads, local, inv_scale.to(g.device, /*non_blocking=*/true));
+      found_inf.add_(local.to(found_inf.device(), /*non_blocking=*/true));
+    }
+  });
+}
+
+}  // namespace detail
+
+/// torch.amp.GradScaler's dynamic loss scale. The scale lives on the device of the first loss it
+/// scales; nothing here synchronises the host with the device (the caller reads found_inf).
+class DynamicLossScale {
+ public:
+  struct Options {
+    double init_scale = 65536.0;
+    double growth_factor = 2.0;
+    double backoff_factor = 0.5;
+    std::int64_t growth_interval = 2000;
+  };
+
+  DynamicLossScale() : DynamicLossScale(Options{}) {}
+  explicit DynamicLossScale(Options options) : o_(options) {
+    NITRO_CHECK(std::isfinite(o_.init_scale) && o_.init_scale > 0, "DynamicLossScale: init_scale must be > 0, got ",
+                o_.init_scale);
+    NITRO_CHECK(o_.growth_factor > 1.0, "DynamicLossScale: growth_factor must be > 1, got ", o_.growth_factor);
+    NITRO_CHECK(o_.backoff_factor > 0.0 && o_.backoff_factor < 1.0,
+                "DynamicLossScale: backoff_factor must be in (0, 1), got ", o_.backoff_factor);
+    NITRO_CHECK(o_.growth_interval >= 1, "DynamicLossScale: growth_interval must be >= 1, got ", o_.growth_interval);
+  }
+
+  /// loss * scale (the scale is created on the loss's device on first use).
+  at::Tensor scale(const at::Tensor& loss) {
+    if (!scale_.defined()) {
+      scale_ = at::full({}, o_.init_scale, at::TensorOptions().dtype(at::kFloat).device(loss.device()));
+      growth_tracker_ = at::full({}, init_tracker_, at::TensorOptions().dtype(at::kInt).device(loss.device()));
+    }
+    return loss * scale_.to(loss.device(), /*non_blocking=*/true);
+  }
+
+  /// Unscales the gradients in place; returns found_inf, a float32 scalar that is > 0 when any
+  /// gradient was inf or NaN (read it to decide the step, as GradScaler.step does).
+  at::Tensor unscale(detail::GradGroups& grads) {
+    NITRO_CHECK(scale_.defined(), "DynamicLossScale: unscale before any loss was scaled; call scale(loss) first");
+    const auto inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+    auto found_inf = at::zeros({}, scale_.options());
+    detail::unscale_grads(grads, inv_scale, found_inf);
+    return found_inf;
+  }
+
+  /// After the optimizer step (or its skip): back off on inf/NaN, grow after growth_interval
+  /// finite steps, with LibTorch's fused kernel. No synchronisation.
+  void update(const at::Tensor& found_inf) {
+    NITRO_EXPECTS(scale_.defined());
+    at::_amp_update_scale_(scale_, growth_tracker_, found_inf, o_.growth_factor, o_.backoff_factor,
+                           o_.growth_interval);
+  }
+
+  /// The scale as a device tensor (undefined before the first loss); no synchronisation.
+  const at::Tensor& scale_tensor() const noexcept { return scale_; }
+  /// The scale as a number; synchronises when the scale is on a GPU.
+  double current_scale() const { return scale_.defined() ? scale_.item<double>() : o_.init_scale; }
+
+  LossScaleState state_dict() const {
+    return {current_scale(), o_.growth_factor, o_.backoff_factor, o_.growth_interval,
+            growth_tracker_.defined() ? growth_tracker_.item<std::int64_t>() : init_tracker_};
+  }
+  void load_state_dict(const LossScaleState& s) {
+    DynamicLossScale check{{s.scale, s.growth_factor, s.backoff_factor, s.growth_interval}};
+    NITRO_CHECK(s.growth_tracker >= 0 && s.growth_tracker < s.growth_interval,
+                "DynamicLossScale: growth_tracker must be in [0, growth_interval), got ", s.growth_tracker);
+    o_ = {s.scale, s.growth_factor, s.backoff_factor, s.growth_interval};
+    init_tracker_ = s.growth_tracker;
+    if (scale_.defined()) {
+      scale_.fill_(s.scale);
+      growth_tracker_.fill_(s.growth_tracker);
+    }
+  }
+  const Options& options() const noexcept { return o_; }
+
+ private:
+  Options o_;
+  std::int64_t init_tracker_ = 0;
+  at::Tensor scale_;
+  at::Tensor growth_tracker_;
+};
+
+/// A fixed loss scale. Steps with inf/NaN gradients are still detected and skipped.
+class StaticLossScale {
+ public:
+  struct Options {
+    double scale = 1024.0;
+  };
+  StaticLossScale() : StaticLossScale(Options{}) {}
+  explicit StaticLossScale(Options options) : o_(options) {
+    NITRO_CHECK(std::isfinite(o_.scale) && o_.scale > 0, "StaticLossScale: scale must be > 0, got ", o_.scale);
+  }
+  at::Tensor scale(const at::Tensor& loss) {
+    if (!scale_.defined()) scale_ = at::full({}, o_.scale, at::TensorOptions().dtype(at::kFloat).device(loss.device()));
+    return loss * scale_;
+  }
+  at::Tensor unscale(detail::GradGroups& grads) {
+    NITRO_CHECK(scale_.defined(), "StaticLossScale: unscale before any loss was scaled; call scale(loss) first");
+    const auto inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+    auto found_inf = at::zeros({}, scale_.options());
+    detail::unscale_grads(grads, inv_scale, found_inf);
+    return found_inf;
+  }
+  void update(const at::Tensor&) noexcept {}
+  const at::Tensor& scale_tensor() const noexcept { return scale_; }
+  double current_scale() const noexcept { return o_.scale; }
+  LossScaleState state_dict() const { return {o_.scale, 1.0, 1.0, 1, 0}; }
+  void load_state_dict(const LossScaleState& s) {
+    StaticLossScale check{{s.scale}};
+    o_.scale = s.scale;
+    if (scale_.defined()) scale_.fill_(s.scale);
+  }
+  const Options& options() const noexcept { return o_; }
+
+ private:
+  Options o_;
+  at::Tensor scale_;
+};
+
+/// A loss scaler: scales the loss, unscales gradients reporting inf/NaN, updates itself, saves state.
+template <class S>
+concept LossScaler = std::constructible_from<S, typename S::Options> &&
+                     requires(S& s, const at::Tensor& t, detail::GradGroups& g, const LossScaleState& st) {
+                       { s.scale(t) } -> std::same_as<at::Tensor>;
+                       { s.unscale(g) } -> std::same_as<at::Tensor>;
+                       s.update(t);
+                       { s.state_dict() } -> std::same_as<LossScaleState>;
+                       s.load_state_dict(st);
+                     };
+static_assert(LossScaler<DynamicLossScale> && LossScaler<StaticLossScale>);
+
+namespace amp {
+
+/// fp32 everywhere.
+struct Off {
+  using family = nitro::family::Amp;
+  static constexpr std::string_view name = "fp32";
+  static constexpr bool enabled = false;
+  static constexpr bool scales_loss = false;
+  struct Options {};
+};
+
+/// Autocast to bfloat16 on the model's device; no loss scaling (bf16 has fp32's range).
+struct Bf16 {
+  using family = nitro::family::Amp;
+  static constexpr std::string_view name = "bf16";
+  static constexpr bool enabled = true;
+  static constexpr bool scales_loss = false;
+  static constexpr c10::ScalarType dtype = c10::ScalarType::BFloat16;
+  struct Options {};
+};
+
+/// Autocast to float16 with loss scaling by Scaler (DynamicLossScale or StaticLossScale).
+/// @tparam Scaler optional, default DynamicLossScale: a type satisfying nitro::LossScaler.
+template <class Scaler = DynamicLossScale>
+struct Fp16 {
+  static_assert(LossScaler<Scaler>,
+                "amp::Fp16<Scaler>: Scaler must be a loss scaler such as nitro::DynamicLossScale or "
+                "nitro::StaticLossScale (see nitro/train/amp.hpp); for bfloat16, which needs none, use amp::Bf16");
+  using family = nitro::family::Amp;
+  using scaler_type = Scaler;
+  static constexpr std::string_view name = "fp16";
+  static constexpr bool enabled = true;
+  static constexpr bool scales_loss = true;
+  static constexpr c10::ScalarType dtype = c10::ScalarType::Half;
+  using Options = typename Scaler::Options;
+};
+
+static_assert(AmpPolicy<Off> && AmpPolicy<Bf16> && AmpPolicy<Fp16<>> && AmpPolicy<Fp16<StaticLossScale>>);
+
+}  // namespace amp
+}  // namespace nitro

@@ -1,0 +1,40 @@
+#pragma once
+// Optimization levels: the TrainingLoop configurations to pick from, as type aliases (the analogue
+// of Apex's O0-O3), each with the hardware settings it is meant to run with.
+//
+//   using Loop = nitro::level::Advanced;                            // pick a level
+//   nitro::hw::ScopedSettings hw{nitro::level::hardware<Loop>()};   // its hardware settings
+//   Loop loop{model, optimizer};                                    // and train with loop.step(...)
+//
+//   level::Basic     fp32, no accumulation, no checkpointing, LibTorch's defaults. The baseline:
+//                    what a hand-written loop does, at the same speed (bench_loop_overhead).
+//   level::Advanced  bf16 autocast, cuDNN autotuning and TF32: faster on GPUs with bf16 (Ampere
+//                    and newer), same memory for parameters, less for activations.
+//   level::Ultra     Advanced plus gradient accumulation (accumulate::Dynamic, e.g. for_batch()),
+//                    sqrt(n) activation checkpointing of a Sequential model, clipping by norm:
+//                    the least activation memory, for models that do not fit otherwise.
+//
+// Measured numbers for each level are in the README (make demo) and bench/README.md.
+#include <nitro/hw/settings.hpp>
+#include <nitro/train/training_loop.hpp>
+
+#include <type_traits>
+
+namespace nitro::level {
+
+using Basic = TrainingLoop<amp::Off, accumulate::Off, checkpoint::Off>;
+using Advanced = TrainingLoop<amp::Bf16, accumulate::Off, checkpoint::Off>;
+using Ultra = TrainingLoop<amp::Bf16, accumulate::Dynamic, checkpoint::Sqrt, clip::Norm>;
+
+/// The hardware settings a level is meant to run with: none for Basic, Settings::fast() for the
+/// others (a loop with any AMP policy counts as Advanced or above).
+template <class Loop>
+hw::Settings hardware() {
+  if constexpr (std::is_same_v<typename Loop::amp_policy, amp::Off>) {
+    return {};
+  } else {
+    return hw::Settings::fast();
+  }
+}
+
+}  // namespace nitro::level
