@@ -16,6 +16,8 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <utility>
 
 namespace nitro::memory {
@@ -33,6 +35,10 @@ struct AllocationStats {
 
 /// Wraps another allocator and counts its allocations. Thread-safe; the counters outlive the
 /// allocator, so memory it handed out may be freed after it is gone.
+///
+/// LibTorch needs "simple" data pointers from a CPU allocator (context == data, for raw_allocate),
+/// so the bookkeeping of each live block sits in a process-wide table keyed by its address, behind
+/// a mutex: one lock per allocation and per free. A measuring tool, not for the training hot path.
 class TrackingAllocator final : public c10::Allocator {
  public:
   explicit TrackingAllocator(c10::Allocator* base) : base_(base), counters_(std::make_shared<Counters>()) {
@@ -41,19 +47,27 @@ class TrackingAllocator final : public c10::Allocator {
 
   c10::DataPtr allocate(std::size_t bytes) override {
     auto inner = base_->allocate(bytes);
+    void* data = inner.get();
+    if (data == nullptr) return inner;  // empty: nothing to count
     const auto n = static_cast<std::int64_t>(bytes);
+    const auto device = inner.device();
+    const auto deleter = inner.get_deleter();
+    void* context = inner.release_context();
+    {
+      auto& t = table();
+      std::lock_guard<std::mutex> lock(t.mutex);
+      t.blocks[data] = Block{context, deleter, n, counters_};
+    }
     const auto live = counters_->live.fetch_add(n, std::memory_order_relaxed) + n;
     auto peak = counters_->peak.load(std::memory_order_relaxed);
     while (live > peak && !counters_->peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
     }
     counters_->allocated.fetch_add(n, std::memory_order_relaxed);
     counters_->allocations.fetch_add(1, std::memory_order_relaxed);
-    void* data = inner.get();
-    const auto device = inner.device();
-    auto* context = new Context{std::move(inner), n, counters_};
-    return {data, context, &release, device};
+    return {data, data, &release, device};
   }
 
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
   AllocationStats stats() const noexcept {
@@ -68,16 +82,33 @@ class TrackingAllocator final : public c10::Allocator {
   struct Counters {
     std::atomic<std::int64_t> live{0}, peak{0}, allocated{0}, allocations{0}, frees{0};
   };
-  struct Context {
-    c10::DataPtr inner;  // freeing the context frees the memory through the wrapped allocator
+  struct Block {
+    void* context;  // the wrapped allocator's, freed with its deleter
+    c10::DeleterFnPtr deleter;
     std::int64_t bytes;
     std::shared_ptr<Counters> counters;
   };
-  static void release(void* p) {
-    auto* context = static_cast<Context*>(p);
-    context->counters->live.fetch_sub(context->bytes, std::memory_order_relaxed);
-    context->counters->frees.fetch_add(1, std::memory_order_relaxed);
-    delete context;
+  struct Table {
+    std::mutex mutex;
+    std::unordered_map<void*, Block> blocks;
+  };
+  static Table& table() {
+    static auto* t = new Table;  // never destroyed: blocks may be freed during static destruction
+    return *t;
+  }
+  static void release(void* data) {
+    Block block;
+    {
+      auto& t = table();
+      std::lock_guard<std::mutex> lock(t.mutex);
+      const auto it = t.blocks.find(data);
+      if (it == t.blocks.end()) return;  // not ours: cannot happen, and never worth a crash
+      block = std::move(it->second);
+      t.blocks.erase(it);
+    }
+    block.counters->live.fetch_sub(block.bytes, std::memory_order_relaxed);
+    block.counters->frees.fetch_add(1, std::memory_order_relaxed);
+    if (block.deleter != nullptr) block.deleter(block.context);
   }
 
   c10::Allocator* base_;

@@ -152,7 +152,7 @@ class TrainingLoop {
       if constexpr (Amp::enabled) autocast.emplace(device_type_, Amp::dtype);
       loss = call(loss_fn, batch);
     }
-    NITRO_CHECK(loss.defined() && loss.dim() == 0,
+    NITRO_CHECK(loss.defined() && loss.numel() == 1,
                 "TrainingLoop::step: the loss function must return a scalar tensor (reduce it with mean() or sum()); "
                 "got ", loss.defined() ? "a tensor of shape " : "an undefined tensor",
                 loss.defined() ? loss.sizes() : at::IntArrayRef{});

@@ -1,0 +1,58 @@
+#pragma once
+// Shared by the benchmark programs: timing that synchronises the GPU before reading the clock,
+// medians, and the RESULT line every benchmark ends with (bench/README.md).
+#include <nitro/core/device.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#if NITRO_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace nitro::bench {
+
+/// Waits for queued GPU work (when a GPU is in use), so a clock read after it covers that work.
+inline void synchronize() {
+#if NITRO_WITH_CUDA
+  if (Cuda::available()) c10::cuda::device_synchronize();
+#endif
+}
+
+/// Seconds taken by f(), GPU work included.
+template <class F>
+double seconds(F&& f) {
+  synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const auto n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/// Prints `RESULT name=value goal<op>goal PASS|MISS`; op is "<=" or ">=".
+inline bool result(const std::string& name, double value, const std::string& op, double goal) {
+  const bool pass = op == "<=" ? value <= goal : value >= goal;
+  std::printf("RESULT %s=%.4g goal%s%g %s\n", name.c_str(), value, op.c_str(), goal, pass ? "PASS" : "MISS");
+  std::fflush(stdout);
+  return pass;
+}
+
+/// The machine, for the table's header.
+inline std::string machine() {
+  std::string s = std::to_string(std::thread::hardware_concurrency()) + " CPU threads";
+  if (Cuda::available()) s += ", CUDA device present";
+  return s;
+}
+
+}  // namespace nitro::bench
