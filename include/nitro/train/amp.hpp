@@ -129,6 +129,14 @@ inline void unscale_grads(GradGroups& groups, const at::Tensor& inv_scale, at::T
   });
 }
 
+/// Divides the gradients by `scale` (inverse computed in double, as GradScaler does); returns found_inf.
+inline at::Tensor unscale_by(const at::Tensor& scale, GradGroups& grads) {
+  const auto inv_scale = scale.to(at::kDouble).reciprocal().to(at::kFloat);
+  auto found_inf = at::zeros({}, scale.options());
+  unscale_grads(grads, inv_scale, found_inf);
+  return found_inf;
+}
+
 }  // namespace detail
 
 /// torch.amp.GradScaler's dynamic loss scale. The scale lives on the device of the first loss it
@@ -165,10 +173,7 @@ class DynamicLossScale {
   /// gradient was inf or NaN (read it to decide the step, as GradScaler.step does).
   at::Tensor unscale(detail::GradGroups& grads) {
     NITRO_CHECK(scale_.defined(), "DynamicLossScale: unscale before any loss was scaled; call scale(loss) first");
-    const auto inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
-    auto found_inf = at::zeros({}, scale_.options());
-    detail::unscale_grads(grads, inv_scale, found_inf);
-    return found_inf;
+    return detail::unscale_by(scale_, grads);
   }
 
   /// After the optimizer step (or its skip): back off on inf/NaN, grow after growth_interval
@@ -224,10 +229,7 @@ class StaticLossScale {
   }
   at::Tensor unscale(detail::GradGroups& grads) {
     NITRO_CHECK(scale_.defined(), "StaticLossScale: unscale before any loss was scaled; call scale(loss) first");
-    const auto inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
-    auto found_inf = at::zeros({}, scale_.options());
-    detail::unscale_grads(grads, inv_scale, found_inf);
-    return found_inf;
+    return detail::unscale_by(scale_, grads);
   }
   void update(const at::Tensor&) noexcept {}
   const at::Tensor& scale_tensor() const noexcept { return scale_; }

@@ -17,6 +17,7 @@
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/config.hpp>
 #include <nitro/core/error.hpp>
+#include <nitro/train/amp.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
@@ -103,27 +104,6 @@ struct CheckpointState : torch::CustomClassHolder {
   AutocastState autocast;
 };
 
-/// Sets autocast for one device as recorded, for a scope, restoring what was there.
-class AutocastReplay {
- public:
-  AutocastReplay(c10::DeviceType device, bool enabled, c10::ScalarType dtype)
-      : device_(device), was_enabled_(compat::autocast_enabled(device)), was_dtype_(compat::autocast_dtype(device)) {
-    compat::set_autocast_enabled(device, enabled);
-    compat::set_autocast_dtype(device, dtype);
-  }
-  AutocastReplay(const AutocastReplay&) = delete;
-  AutocastReplay& operator=(const AutocastReplay&) = delete;
-  ~AutocastReplay() {
-    compat::set_autocast_enabled(device_, was_enabled_);
-    compat::set_autocast_dtype(device_, was_dtype_);
-  }
-
- private:
-  c10::DeviceType device_;
-  bool was_enabled_;
-  c10::ScalarType was_dtype_;
-};
-
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   // LibTorch runs forward with grad mode off: fn keeps no activations. Only the inputs are saved.
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
@@ -149,8 +129,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       // Replay the forward's RNG and autocast, then put the RNG back where backward found it.
       const auto now = RngState::capture(inputs);
       state->rng.restore();
-      AutocastReplay cpu{c10::DeviceType::CPU, state->autocast.cpu_enabled, state->autocast.cpu_dtype};
-      AutocastReplay cuda{c10::DeviceType::CUDA, state->autocast.cuda_enabled, state->autocast.cuda_dtype};
+      AutocastGuard cpu{c10::DeviceType::CPU, state->autocast.cpu_dtype, state->autocast.cpu_enabled};
+      AutocastGuard cuda{c10::DeviceType::CUDA, state->autocast.cuda_dtype, state->autocast.cuda_enabled};
       at::AutoGradMode grad(true);
       outputs = state->fn(inputs);
       now.restore();

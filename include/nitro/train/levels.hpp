@@ -14,7 +14,10 @@
 //                    sqrt(n) activation checkpointing of a Sequential model, clipping by norm:
 //                    the least activation memory, for models that do not fit otherwise.
 //
-// Measured numbers for each level are in the README (make demo) and bench/README.md.
+// Measured (CPU, 2 cores, no GPU; make demo, CNN on SyntheticImages, batch 64, 2 epochs):
+//   plain loop 3166 samples/s, 17.0 MB peak;  Basic 3523 samples/s, 17.3 MB, same loss and accuracy;
+//   Advanced 509 samples/s, 15.0 MB (no bf16 arithmetic on that CPU);  Ultra 289 samples/s, 5.9 MB.
+//   bench_loop_overhead: Basic / hand-written loop = 0.998 (goal <= 1.02). Not yet measured on a GPU.
 #include <nitro/hw/settings.hpp>
 #include <nitro/train/training_loop.hpp>
 
