@@ -105,10 +105,13 @@ struct GoodEviction {
   struct Options {};
   template <class Key>
   struct Evictor {
-    void on_insert(const Key&, std::size_t);
-    void on_access(const Key&);
-    void on_erase(const Key&);
-    std::optional<Key> victim();
+    Evictor(const Options&, std::size_t capacity_bytes);
+    void on_insert(const Key&, std::uint32_t slot, std::size_t weight);
+    void on_access(const Key&, std::uint32_t slot);
+    void on_erase(std::uint32_t slot);
+    std::optional<std::uint32_t> victim();
+    void clear();
+    std::size_t memory_bytes() const;
   };
 };
 struct NoVictim {
@@ -117,12 +120,31 @@ struct NoVictim {
   struct Options {};
   template <class Key>
   struct Evictor {
-    void on_insert(const Key&, std::size_t);
-    void on_access(const Key&);
-    void on_erase(const Key&);
+    Evictor(const Options&, std::size_t capacity_bytes);
+    void on_insert(const Key&, std::uint32_t slot, std::size_t weight);
+    void on_access(const Key&, std::uint32_t slot);
+    void on_erase(std::uint32_t slot);
+    void clear();
+    std::size_t memory_bytes() const;
+  };
+};
+struct NoBudget {  // its evictor cannot be made from the options and the byte budget
+  using family = nitro::family::Eviction;
+  static constexpr std::string_view name = "nobudget";
+  struct Options {};
+  template <class Key>
+  struct Evictor {
+    void on_insert(const Key&, std::uint32_t slot, std::size_t weight);
+    void on_access(const Key&, std::uint32_t slot);
+    void on_erase(std::uint32_t slot);
+    std::optional<std::uint32_t> victim();
+    void clear();
+    std::size_t memory_bytes() const;
   };
 };
 static_assert(nitro::EvictionPolicy<GoodEviction>);
 static_assert(!nitro::EvictorFor<NoVictim::Evictor<std::int64_t>, std::int64_t> && !nitro::EvictionPolicy<NoVictim>);
+static_assert(nitro::EvictorFor<NoBudget::Evictor<std::int64_t>, std::int64_t> &&
+              !nitro::MakesEvictor<NoBudget, std::int64_t> && !nitro::EvictionPolicy<NoBudget>);
 
 }  // namespace

@@ -178,18 +178,27 @@ concept CheckpointPolicy = Policy<P> && OfFamily<P, family::Checkpoint>;
 template <class P>
 concept ClipPolicy = Policy<P> && OfFamily<P, family::Clip>;
 
-/// The bookkeeping an eviction policy keeps for a cache of Key: told of every insert (with the
-/// entry's weight in bytes), hit and erase; asked for the next victim.
+/// The bookkeeping an eviction policy keeps for a cache of Key. The cache gives each resident entry a
+/// dense slot (a std::uint32_t) and tells the evictor of every insert (with the entry's weight in
+/// bytes), hit and explicit erase; while over budget it asks for a victim, which the evictor picks and
+/// forgets. The victim may be the entry just inserted: that is how a policy refuses admission.
 template <class E, class Key>
-concept EvictorFor = requires(E& e, const Key& key, std::size_t weight) {
-  e.on_insert(key, weight);
-  e.on_access(key);
-  e.on_erase(key);
-  { e.victim() } -> std::same_as<std::optional<Key>>;
+concept EvictorFor = requires(E& e, const E& ce, const Key& key, std::uint32_t slot, std::size_t weight) {
+  e.on_insert(key, slot, weight);
+  e.on_access(key, slot);
+  e.on_erase(slot);
+  { e.victim() } -> std::same_as<std::optional<std::uint32_t>>;
+  e.clear();
+  { ce.memory_bytes() } -> std::convertible_to<std::size_t>;
 };
+/// The evictor is made from the policy's options and the cache's byte budget.
+template <class P, class Key>
+concept MakesEvictor = requires { typename P::template Evictor<Key>; } &&
+                       std::constructible_from<typename P::template Evictor<Key>, const typename P::Options&, std::size_t>;
 /// Cache eviction (cache/evict/): a Policy of the Eviction family whose `Evictor<Key>` keeps the books.
 template <class P>
 concept EvictionPolicy = NamedPolicy<P> && HasOptions<P> && OfFamily<P, family::Eviction> &&
+                         MakesEvictor<P, std::int64_t> &&
                          EvictorFor<typename P::template Evictor<std::int64_t>, std::int64_t>;
 
 }  // namespace nitro

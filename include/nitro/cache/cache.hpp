@@ -1,0 +1,451 @@
+#pragma once
+// nitro::Cache<EvictionPolicy>: a cache of tensors (or any value) under a byte budget, the eviction
+// policy picked as a type. Policies live in cache/evict/ (each header's banner says when to use it):
+//
+//   evict::Lru         recency; the usual default, and the wrong one for shuffled epochs
+//   evict::Lfu         in-cache frequency, O(1)
+//   evict::Fifo        insertion order; cheapest books
+//   evict::Sieve       FIFO with a visited bit and a moving hand (NSDI'24): LRU's hits, FIFO's cost
+//   evict::S3Fifo      small + main FIFO queues and a ghost queue (SOSP'23): scan resistant
+//   evict::WTinyLfu    Caffeine's: LRU window, segmented main, frequency sketch admission
+//   evict::NoEvict     admit until full, never evict: optimal for shuffled epochs (CoorDL's MinIO)
+//   evict::Clairvoyant Belady's rule, given the future access order (a seeded shuffle gives it)
+//
+// Which one for a training data set: every sample is read once per epoch in a fresh random order,
+// so no online policy can beat keeping a fixed C of the N samples (C/N hits after the first epoch);
+// NoEvict does exactly that and costs least. Clairvoyant reaches Belady's bound when the order is
+// known. For skewed, repeated reads (a serving cache, a lookup table), WTinyLfu.
+//
+//   nitro::Cache_mt<nitro::evict::NoEvict> samples{{.capacity_bytes = 8ull << 30}};
+//   if (auto x = samples.get(i)) use(*x); else samples.put(i, decode(i));
+//
+// Thread safety follows spdlog: Cache_st (no lock), Cache_mt (one mutex), ShardedCache_mt (a mutex
+// per shard, for concurrent readers). Values come back by value (a tensor shares storage, it is not
+// copied): a concurrent put never invalidates what get returned. Writing into a returned tensor in
+// place writes into the cached one; clone first if you augment in place.
+#include <nitro/cache/detail/flat_index.hpp>
+#include <nitro/core/concepts.hpp>
+#include <nitro/core/device.hpp>
+#include <nitro/core/error.hpp>
+
+#include <ATen/core/Tensor.h>
+
+#include <algorithm>
+#include <bit>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <thread>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace nitro {
+
+// ---- weighers and locks --------------------------------------------------------------------------
+
+/// The default weigher: the bytes of storage a value keeps alive, summed over its tensors (a tensor,
+/// a tuple, torch::data::Example, or a user type with `nitro_map_tensors`). A view counts its whole
+/// storage, because that is what caching it keeps in memory.
+struct TensorBytes {
+  std::int64_t operator()(const at::Tensor& t) const {
+    return t.defined() && t.has_storage() ? static_cast<std::int64_t>(t.storage().nbytes()) : 0;
+  }
+  template <Batch V>
+    requires(!std::same_as<V, at::Tensor>)
+  std::int64_t operator()(const V& value) const {
+    std::int64_t bytes = 0;
+    for_each_tensor(value, [&](const at::Tensor& t) { bytes += (*this)(t); });
+    return bytes;
+  }
+};
+
+/// A lock that does nothing, for single-threaded caches (spdlog's null_mutex).
+struct NullMutex {
+  void lock() noexcept {}
+  void unlock() noexcept {}
+  bool try_lock() noexcept { return true; }
+};
+
+/// Why the eviction callback was called.
+enum class RemovalCause {
+  evicted,   ///< dropped to stay within the byte budget
+  rejected,  ///< refused admission: larger than the budget, or the policy kept the others
+};
+
+/// What a cache has done since it was made (or since reset_stats()).
+struct CacheStats {
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;
+  std::uint64_t admissions = 0;  ///< puts that stayed
+  std::uint64_t rejections = 0;  ///< puts refused (too large, or the policy preferred what it had)
+  std::uint64_t evictions = 0;   ///< entries dropped for room
+  std::size_t bytes = 0;         ///< weight now held
+  std::size_t entries = 0;       ///< entries now held
+  [[nodiscard]] double hit_ratio() const noexcept {
+    const auto n = hits + misses;
+    return n ? static_cast<double>(hits) / static_cast<double>(n) : 0.0;
+  }
+  CacheStats& operator+=(const CacheStats& o) noexcept {
+    hits += o.hits, misses += o.misses, admissions += o.admissions, rejections += o.rejections;
+    evictions += o.evictions, bytes += o.bytes, entries += o.entries;
+    return *this;
+  }
+};
+
+namespace detail {
+template <class E, class Key>
+concept HasOnMiss = requires(E& e, const Key& k) { e.on_miss(k); };
+template <class P>
+concept NeedsGlobalOrder = requires { requires static_cast<bool>(P::needs_global_order); };
+}  // namespace detail
+
+// ---- Cache ---------------------------------------------------------------------------------------
+
+/// A byte-budgeted cache.
+/// @tparam Policy  an eviction policy (cache/evict/), required
+/// @tparam Key     the key; optional, default std::int64_t (a sample index). Hashable and equality comparable.
+/// @tparam Value   the value; optional, default at::Tensor. Default constructible and movable.
+/// @tparam Weigher `(const Value&) -> integer bytes`; optional, default TensorBytes. A negative weight throws.
+/// @tparam Lock    a BasicLockable; optional, default std::mutex (NullMutex for one thread: Cache_st).
+/// @tparam Hash    `(const Key&) -> std::uint64_t`, well mixed in its low bits; optional, default cache::KeyHash.
+template <EvictionPolicy Policy, class Key = std::int64_t, class Value = at::Tensor, class Weigher = TensorBytes,
+          class Lock = std::mutex, class Hash = cache::KeyHash<Key>>
+class Cache {
+  static_assert(std::default_initializable<Value> && std::movable<Value>,
+                "nitro::Cache: Value must be default constructible and movable (wrap it in std::optional otherwise)");
+  static_assert(std::equality_comparable<Key> && std::copyable<Key> && std::default_initializable<Key>,
+                "nitro::Cache: Key must be copyable, default constructible and equality comparable");
+  static_assert(std::is_invocable_v<const Weigher&, const Value&> &&
+                    std::is_integral_v<std::invoke_result_t<const Weigher&, const Value&>>,
+                "nitro::Cache: Weigher must be callable as weigher(const Value&) and return an integer byte count");
+
+ public:
+  using policy_type = Policy;
+  using key_type = Key;
+  using value_type = Value;
+  using evictor_type = typename Policy::template Evictor<Key>;
+  /// Called outside the cache's lock, once per entry evicted or refused; it may use the cache.
+  using Callback = std::function<void(const Key&, const Value&, RemovalCause)>;
+
+  struct Options {
+    /// The byte budget, > 0: the sum of the weights held never exceeds it.
+    std::size_t capacity_bytes = 0;
+    /// The policy's own knobs.
+    typename Policy::Options policy{};
+  };
+
+  /// nitro::Cache_mt<nitro::evict::Lru> cache{{.capacity_bytes = 1ull << 30}};
+  explicit Cache(Options options) : Cache(std::move(options), Weigher{}) {}
+  Cache(Options options, Weigher weigher)
+      : capacity_(checked_capacity(options.capacity_bytes)),
+        policy_options_(std::move(options.policy)),
+        weigher_(std::move(weigher)),
+        evictor_(policy_options_, capacity_) {}
+
+  Cache(const Cache&) = delete;
+  Cache& operator=(const Cache&) = delete;
+
+  /// Stores `value` under `key` (replacing what was there) and evicts what the policy picks until the
+  /// budget holds. Returns whether the value stayed: a value larger than the budget is refused (not an
+  /// error), and a policy may refuse a newcomer in favour of what it holds.
+  bool put(const Key& key, Value value) {
+    const std::size_t weight = weigh(value);
+    Removed removed;
+    bool admitted = false;
+    {
+      std::lock_guard guard(lock_);
+      const std::uint64_t h = index_.hash_function()(key);
+      if (const cache::Slot old = index_.find_hashed(key, h); old != cache::no_slot) {
+        evictor_.on_erase(old);
+        remove(old);
+      }
+      if (weight > capacity_) {
+        ++stats_.rejections;
+        if (callback_) removed.emplace_back(key, std::move(value), RemovalCause::rejected);
+      } else {
+        admitted = insert(key, std::move(value), weight, removed);
+      }
+    }
+    notify(removed);
+    return admitted;
+  }
+
+  /// The value under `key`, or nothing; a hit counts as an access for the policy.
+  [[nodiscard]] std::optional<Value> get(const Key& key) {
+    std::lock_guard guard(lock_);
+    const cache::Slot s = index_.find(key);
+    if (s == cache::no_slot) [[unlikely]] {
+      ++stats_.misses;
+      if constexpr (detail::HasOnMiss<evictor_type, Key>) evictor_.on_miss(key);
+      return std::nullopt;
+    }
+    ++stats_.hits;
+    evictor_.on_access(key, s);
+    return entries_[s].value;
+  }
+
+  /// Whether `key` is held; not an access (the policy is not told, the stats do not change).
+  [[nodiscard]] bool contains(const Key& key) const {
+    std::lock_guard guard(lock_);
+    return index_.find(key) != cache::no_slot;
+  }
+
+  /// Removes `key`; false when it was not held. No callback (the caller knows).
+  bool erase(const Key& key) {
+    Value dropped;  // released outside the lock
+    std::lock_guard guard(lock_);
+    const cache::Slot s = index_.find(key);
+    if (s == cache::no_slot) return false;
+    evictor_.on_erase(s);
+    dropped = std::move(entries_[s].value);
+    remove(s);
+    return true;
+  }
+
+  /// Removes everything (no callbacks); the statistics stay.
+  void clear() {
+    std::vector<Entry> dropped;  // released outside the lock
+    std::lock_guard guard(lock_);
+    dropped.swap(entries_);
+    free_.clear();
+    index_.clear();
+    evictor_.clear();
+    bytes_ = 0;
+  }
+
+  /// Called for each entry evicted or refused, outside the lock (set it before sharing the cache).
+  void on_evict(Callback callback) {
+    std::lock_guard guard(lock_);
+    callback_ = std::move(callback);
+  }
+
+  [[nodiscard]] std::size_t size() const {
+    std::lock_guard guard(lock_);
+    return index_.size();
+  }
+  [[nodiscard]] std::size_t bytes() const {
+    std::lock_guard guard(lock_);
+    return bytes_;
+  }
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  [[nodiscard]] CacheStats stats() const {
+    std::lock_guard guard(lock_);
+    CacheStats s = stats_;
+    s.bytes = bytes_;
+    s.entries = index_.size();
+    return s;
+  }
+  void reset_stats() {
+    std::lock_guard guard(lock_);
+    stats_ = {};
+  }
+  /// The cache's own bookkeeping in bytes (index, entry table, policy), not counting what the values
+  /// hold; divided by size(), the overhead per entry.
+  [[nodiscard]] std::size_t overhead_bytes() const {
+    std::lock_guard guard(lock_);
+    return index_.memory_bytes() + entries_.capacity() * sizeof(Entry) + free_.capacity() * sizeof(cache::Slot) +
+           evictor_.memory_bytes();
+  }
+  /// The policy's books, e.g. to give Clairvoyant the next epoch's order. Not synchronised.
+  [[nodiscard]] evictor_type& evictor() noexcept { return evictor_; }
+  [[nodiscard]] static constexpr std::string_view policy_name() noexcept { return Policy::name; }
+
+ private:
+  struct Entry {
+    Key key{};
+    Value value{};
+    std::size_t weight = 0;
+  };
+  using Removed = std::vector<std::tuple<Key, Value, RemovalCause>>;
+
+  static std::size_t checked_capacity(std::size_t capacity) {
+    NITRO_CHECK(capacity > 0, "nitro::Cache<", Policy::name,
+                ">: capacity_bytes is 0; give the byte budget, e.g. {.capacity_bytes = 1ull << 30} for 1 GiB");
+    return capacity;
+  }
+
+  std::size_t weigh(const Value& value) const {
+    const auto w = weigher_(value);
+    if constexpr (std::is_signed_v<decltype(w)>) {
+      NITRO_CHECK(w >= 0, "nitro::Cache<", Policy::name, ">: the weigher returned ", w,
+                  " bytes for a value; a weight must be >= 0 (fix the weigher)");
+    }
+    return static_cast<std::size_t>(w);
+  }
+
+  bool insert(const Key& key, Value&& value, std::size_t weight, Removed& removed) {
+    cache::Slot slot;
+    if (!free_.empty()) {
+      slot = free_.back();
+      free_.pop_back();
+    } else {
+      NITRO_CHECK(entries_.size() < cache::no_slot - 1, "nitro::Cache: more than 2^32 - 2 entries");
+      slot = static_cast<cache::Slot>(entries_.size());
+      entries_.emplace_back();
+    }
+    Entry& e = entries_[slot];
+    e.key = key;
+    e.value = std::move(value);
+    e.weight = weight;
+    index_.insert(key, slot);
+    bytes_ += weight;
+    evictor_.on_insert(key, slot, weight);
+
+    bool admitted = true;
+    while (bytes_ > capacity_) {
+      const std::optional<cache::Slot> v = evictor_.victim();
+      NITRO_ENSURES(v.has_value() && *v < entries_.size());
+      const bool self = *v == slot;
+      admitted = admitted && !self;
+      ++(self ? stats_.rejections : stats_.evictions);
+      if (callback_)
+        removed.emplace_back(entries_[*v].key, std::move(entries_[*v].value),
+                             self ? RemovalCause::rejected : RemovalCause::evicted);
+      remove(*v);
+    }
+    if (admitted) ++stats_.admissions;
+    return admitted;
+  }
+
+  /// Drops a slot the evictor has already forgotten.
+  void remove(cache::Slot s) {
+    Entry& e = entries_[s];
+    index_.erase(e.key);
+    bytes_ -= e.weight;
+    e.value = Value{};
+    e.weight = 0;
+    free_.push_back(s);
+  }
+
+  void notify(Removed& removed) {
+    for (auto& [key, value, cause] : removed) callback_(key, value, cause);
+  }
+
+  const std::size_t capacity_;
+  typename Policy::Options policy_options_;
+  [[no_unique_address]] Weigher weigher_;
+  mutable Lock lock_;
+  cache::detail::FlatIndex<Key, Hash> index_;
+  std::vector<Entry> entries_;
+  std::vector<cache::Slot> free_;
+  evictor_type evictor_;
+  std::size_t bytes_ = 0;
+  CacheStats stats_;
+  Callback callback_;
+};
+
+// ---- ShardedCache ----------------------------------------------------------------------------------
+
+/// A cache split into independent shards by key hash, each with its own lock and an equal share of
+/// the budget, so concurrent readers rarely wait on each other. A value larger than one shard's share
+/// is refused. Policies that need the global access order (Clairvoyant) cannot be sharded.
+template <EvictionPolicy Policy, class Key = std::int64_t, class Value = at::Tensor, class Weigher = TensorBytes,
+          class Lock = std::mutex, class Hash = cache::KeyHash<Key>>
+class ShardedCache {
+  static_assert(!detail::NeedsGlobalOrder<Policy>,
+                "nitro::ShardedCache: this policy needs every access in order (Clairvoyant); use one Cache_mt instead");
+  using Shard = Cache<Policy, Key, Value, Weigher, Lock, Hash>;
+
+ public:
+  using policy_type = Policy;
+  using key_type = Key;
+  using value_type = Value;
+  using Callback = typename Shard::Callback;
+
+  struct Options {
+    /// The byte budget of all shards together, > 0.
+    std::size_t capacity_bytes = 0;
+    /// Number of shards, a power of two; 0 picks 4 x the hardware threads (at least 8).
+    std::size_t shards = 0;
+    typename Policy::Options policy{};
+  };
+
+  explicit ShardedCache(Options options) : ShardedCache(std::move(options), Weigher{}) {}
+  ShardedCache(Options options, Weigher weigher) {
+    std::size_t n = options.shards;
+    if (n == 0) n = std::bit_ceil(std::max<std::size_t>(8, 4 * std::thread::hardware_concurrency()));
+    NITRO_CHECK(std::has_single_bit(n) && n <= 4096, "nitro::ShardedCache: shards is ", options.shards,
+                "; give a power of two up to 4096, or 0 for the default");
+    NITRO_CHECK(options.capacity_bytes >= n, "nitro::ShardedCache: capacity_bytes ", options.capacity_bytes,
+                " is less than one byte per shard (", n, " shards); give a larger budget or fewer shards");
+    shift_ = 64 - std::countr_zero(n);
+    shards_.reserve(n);
+    for (std::size_t i = 0; i < n; ++i)
+      shards_.push_back(std::make_unique<Padded>(
+          typename Shard::Options{.capacity_bytes = options.capacity_bytes / n, .policy = options.policy}, weigher));
+  }
+
+  bool put(const Key& key, Value value) { return shard(key).put(key, std::move(value)); }
+  [[nodiscard]] std::optional<Value> get(const Key& key) { return shard(key).get(key); }
+  [[nodiscard]] bool contains(const Key& key) const { return shard(key).contains(key); }
+  bool erase(const Key& key) { return shard(key).erase(key); }
+  void clear() {
+    for (auto& s : shards_) s->cache.clear();
+  }
+  void on_evict(Callback callback) {
+    for (auto& s : shards_) s->cache.on_evict(callback);
+  }
+  [[nodiscard]] std::size_t size() const { return sum([](const Shard& s) { return s.size(); }); }
+  [[nodiscard]] std::size_t bytes() const { return sum([](const Shard& s) { return s.bytes(); }); }
+  [[nodiscard]] std::size_t capacity() const { return sum([](const Shard& s) { return s.capacity(); }); }
+  [[nodiscard]] std::size_t overhead_bytes() const {
+    return sum([](const Shard& s) { return s.overhead_bytes(); }) + shards_.capacity() * sizeof(void*) +
+           shards_.size() * sizeof(Padded);
+  }
+  [[nodiscard]] CacheStats stats() const {
+    CacheStats total;
+    for (const auto& s : shards_) total += s->cache.stats();
+    return total;
+  }
+  void reset_stats() {
+    for (auto& s : shards_) s->cache.reset_stats();
+  }
+  [[nodiscard]] std::size_t shard_count() const noexcept { return shards_.size(); }
+  [[nodiscard]] static constexpr std::string_view policy_name() noexcept { return Policy::name; }
+
+ private:
+  // One shard per cache line pair, so two threads on two shards do not share a line.
+  struct alignas(128) Padded {
+    Padded(typename Shard::Options o, const Weigher& w) : cache(std::move(o), w) {}
+    Shard cache;
+  };
+  // The high bits pick the shard; the shard's index uses the low bits of the same hash.
+  Shard& shard(const Key& key) const { return shards_[Hash{}(key) >> shift_]->cache; }
+  template <class F>
+  std::size_t sum(F f) const {
+    std::size_t n = 0;
+    for (const auto& s : shards_) n += f(s->cache);
+    return n;
+  }
+
+  std::vector<std::unique_ptr<Padded>> shards_;
+  int shift_ = 0;
+};
+
+// ---- aliases (spdlog's _st / _mt) ------------------------------------------------------------------
+
+/// One thread: no lock.
+template <EvictionPolicy Policy, class Key = std::int64_t, class Value = at::Tensor, class Weigher = TensorBytes>
+using Cache_st = Cache<Policy, Key, Value, Weigher, NullMutex>;
+/// Any threads: one mutex.
+template <EvictionPolicy Policy, class Key = std::int64_t, class Value = at::Tensor, class Weigher = TensorBytes>
+using Cache_mt = Cache<Policy, Key, Value, Weigher, std::mutex>;
+/// Many concurrent readers: a mutex per shard.
+template <EvictionPolicy Policy, class Key = std::int64_t, class Value = at::Tensor, class Weigher = TensorBytes>
+using ShardedCache_mt = ShardedCache<Policy, Key, Value, Weigher, std::mutex>;
+
+/// Byte sizes, to write budgets: `using namespace nitro::literals; {.capacity_bytes = 8_GiB}`.
+namespace literals {
+constexpr std::size_t operator""_KiB(unsigned long long n) { return static_cast<std::size_t>(n) << 10; }
+constexpr std::size_t operator""_MiB(unsigned long long n) { return static_cast<std::size_t>(n) << 20; }
+constexpr std::size_t operator""_GiB(unsigned long long n) { return static_cast<std::size_t>(n) << 30; }
+}  // namespace literals
+
+}  // namespace nitro
