@@ -88,7 +88,7 @@ if [ -z "$torch_prefix" ]; then
   say "LibTorch $v from $venv"
 fi
 
-# ---- doctest, GSL ----------------------------------------------------------------------------------
+# ---- doctest, GSL, zlib -------------------------------------------------------------------------------
 have_config() { # package config file name -> found in the usual prefixes?
   local roots=(/usr /usr/local)
   [ -n "${CMAKE_PREFIX_PATH:-}" ] && IFS=':;' read -ra extra <<<"$CMAKE_PREFIX_PATH" && roots+=("${extra[@]}")
@@ -100,6 +100,8 @@ have_config() { # package config file name -> found in the usual prefixes?
 missing=()
 have_config doctestConfig.cmake || missing+=(doctest-dev)
 have_config Microsoft.GSLConfig.cmake || missing+=(libmsgsl-dev)
+# zlib: the cache benchmarks and their tests read gzip traces (not needed by Nitro's headers).
+[ -e /usr/include/zlib.h ] || [ -e /usr/local/include/zlib.h ] || missing+=(zlib1g-dev)
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing ${missing[*]} with apt-get"

@@ -20,4 +20,16 @@
 #include <nitro/train/levels.hpp>
 #include <nitro/train/training_loop.hpp>
 
+#include <nitro/cache/cache.hpp>
+#include <nitro/cache/cached_dataset.hpp>
+#include <nitro/cache/disk_tier.hpp>
+#include <nitro/cache/evict/clairvoyant.hpp>
+#include <nitro/cache/evict/fifo.hpp>
+#include <nitro/cache/evict/lfu.hpp>
+#include <nitro/cache/evict/lru.hpp>
+#include <nitro/cache/evict/no_evict.hpp>
+#include <nitro/cache/evict/s3fifo.hpp>
+#include <nitro/cache/evict/sieve.hpp>
+#include <nitro/cache/evict/wtinylfu.hpp>
+
 #include <nitro/data/synthetic.hpp>

@@ -145,9 +145,8 @@ class Cache {
   explicit Cache(Options options) : Cache(std::move(options), Weigher{}) {}
   Cache(Options options, Weigher weigher)
       : capacity_(checked_capacity(options.capacity_bytes)),
-        policy_options_(std::move(options.policy)),
         weigher_(std::move(weigher)),
-        evictor_(policy_options_, capacity_) {}
+        evictor_(options.policy, capacity_) {}
 
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
@@ -199,7 +198,7 @@ class Cache {
 
   /// Removes `key`; false when it was not held. No callback (the caller knows).
   bool erase(const Key& key) {
-    Value dropped;  // released outside the lock
+    [[maybe_unused]] Value dropped;  // released outside the lock
     std::lock_guard guard(lock_);
     const cache::Slot s = index_.find(key);
     if (s == cache::no_slot) return false;
@@ -329,7 +328,6 @@ class Cache {
   }
 
   const std::size_t capacity_;
-  typename Policy::Options policy_options_;
   [[no_unique_address]] Weigher weigher_;
   mutable Lock lock_;
   cache::detail::FlatIndex<Key, Hash> index_;

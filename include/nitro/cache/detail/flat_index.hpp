@@ -85,8 +85,9 @@ class FlatIndex {
   }
 
   void clear() {
+    buckets_.assign(16, Bucket{});
+    mask_ = 15;
     size_ = 0;
-    rehash(16);
   }
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   [[nodiscard]] std::size_t memory_bytes() const noexcept { return buckets_.capacity() * sizeof(Bucket); }

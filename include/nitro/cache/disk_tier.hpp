@@ -1,0 +1,720 @@
+#pragma once
+// A second tier under a memory cache: tensors spilled to files in a directory, under a byte budget.
+//
+//   nitro::DiskTier            one file per key in a directory, a byte budget on the files, least
+//                              recently stored or loaded file removed first; thread safe
+//   nitro::TieredCache<Policy> a memory Cache<Policy> in front of a DiskTier: what memory evicts or
+//                              refuses is spilled to disk, a disk hit moves back into memory
+//
+//   nitro::TieredCache<nitro::evict::Lru> samples{{.memory_capacity_bytes = 4_GiB,
+//                                                  .disk = {.directory = "/scratch/spill", .capacity_bytes = 64_GiB}}};
+//   if (auto x = samples.get(i)) use(*x); else samples.put(i, decode(i));
+//
+// A spill is a cache entry, re-creatable from its source, so a file is never trusted: each carries a
+// checksummed header (magic, format version, key, dtype, shape, payload size) and an XXH64 checksum
+// of its payload, and a missing, truncated or corrupt file reads as a miss (the file is removed and
+// counted), never as a wrong tensor. Files are written under a temporary name and renamed, so a
+// crashed process never leaves a half file under a final name. Files are in the host's byte order:
+// a spill directory belongs to one machine and one run. A DiskTier starts empty: it removes the
+// spill files a previous run left in its directory, and its own files when it is destroyed. One
+// DiskTier per directory.
+//
+// POSIX only (open/rename/fsync).
+#include <nitro/cache/cache.hpp>
+#include <nitro/core/error.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace nitro {
+
+namespace cache::detail {
+
+// ---- XXH64 (Yann Collet's xxHash, 64-bit): four 8-byte lanes per 32-byte stripe, several GB/s ------
+
+inline constexpr std::uint64_t xxh_p1 = 0x9E3779B185EBCA87ULL;
+inline constexpr std::uint64_t xxh_p2 = 0xC2B2AE3D27D4EB4FULL;
+inline constexpr std::uint64_t xxh_p3 = 0x165667B19E3779F9ULL;
+inline constexpr std::uint64_t xxh_p4 = 0x85EBCA77C2B2AE63ULL;
+inline constexpr std::uint64_t xxh_p5 = 0x27D4EB2F165667C5ULL;
+
+// The hash is defined on little-endian words; a big-endian host swaps, so values agree across hosts.
+template <class Word>
+inline Word read_le(const unsigned char* p) noexcept {
+  Word w;
+  std::memcpy(&w, p, sizeof(Word));
+  if constexpr (std::endian::native == std::endian::big) {
+    if constexpr (sizeof(Word) == 8) w = __builtin_bswap64(w);
+    else w = __builtin_bswap32(w);
+  }
+  return w;
+}
+inline std::uint64_t xxh_round(std::uint64_t acc, std::uint64_t lane) noexcept {
+  return std::rotl(acc + lane * xxh_p2, 31) * xxh_p1;
+}
+inline std::uint64_t xxh_merge(std::uint64_t h, std::uint64_t acc) noexcept {
+  return (h ^ xxh_round(0, acc)) * xxh_p1 + xxh_p4;
+}
+
+/// XXH64 of `bytes`: nitro::cache::detail::xxh64(span) == XXH64(data, size, seed).
+inline std::uint64_t xxh64(std::span<const std::byte> bytes, std::uint64_t seed = 0) noexcept {
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  const std::size_t n = bytes.size();
+  const unsigned char* const end = p + n;
+  std::uint64_t h;
+  if (n >= 32) {
+    std::uint64_t v1 = seed + xxh_p1 + xxh_p2, v2 = seed + xxh_p2, v3 = seed, v4 = seed - xxh_p1;
+    for (const unsigned char* const limit = end - 32; p <= limit; p += 32) {
+      v1 = xxh_round(v1, read_le<std::uint64_t>(p));
+      v2 = xxh_round(v2, read_le<std::uint64_t>(p + 8));
+      v3 = xxh_round(v3, read_le<std::uint64_t>(p + 16));
+      v4 = xxh_round(v4, read_le<std::uint64_t>(p + 24));
+    }
+    h = std::rotl(v1, 1) + std::rotl(v2, 7) + std::rotl(v3, 12) + std::rotl(v4, 18);
+    h = xxh_merge(xxh_merge(xxh_merge(xxh_merge(h, v1), v2), v3), v4);
+  } else {
+    h = seed + xxh_p5;
+  }
+  h += static_cast<std::uint64_t>(n);
+  for (; p + 8 <= end; p += 8) h = std::rotl(h ^ xxh_round(0, read_le<std::uint64_t>(p)), 27) * xxh_p1 + xxh_p4;
+  if (p + 4 <= end) {
+    h = std::rotl(h ^ (static_cast<std::uint64_t>(read_le<std::uint32_t>(p)) * xxh_p1), 23) * xxh_p2 + xxh_p3;
+    p += 4;
+  }
+  for (; p < end; ++p) h = std::rotl(h ^ (*p * xxh_p5), 11) * xxh_p1;
+  h ^= h >> 33;
+  h *= xxh_p2;
+  h ^= h >> 29;
+  h *= xxh_p3;
+  h ^= h >> 32;
+  return h;
+}
+
+// ---- the file format -----------------------------------------------------------------------------
+//
+//   FileHeader (48 bytes) | int64 sizes[ndim] | uint64 XXH64(everything before it) | payload
+//
+// The header has its own checksum so a flipped bit in a shape or a dtype is caught like one in the
+// payload; the payload is the raw bytes of a contiguous CPU tensor.
+
+inline constexpr char file_magic[8] = {'N', 'I', 'T', 'R', 'O', 'T', 'N', 'S'};
+inline constexpr std::uint32_t file_version = 1;
+inline constexpr std::uint32_t max_file_ndim = 1024;  // bounds what a corrupt header can make us read
+inline constexpr std::string_view file_suffix = ".nitro";
+inline constexpr std::string_view temp_suffix = ".nitro.tmp";
+
+struct FileHeader {
+  char magic[8];
+  std::uint32_t version;
+  std::uint32_t ndim;
+  std::uint64_t key;
+  std::int32_t dtype;  // c10::ScalarType
+  std::uint32_t reserved;
+  std::uint64_t payload_bytes;
+  std::uint64_t payload_checksum;
+};
+static_assert(sizeof(FileHeader) == 48 && std::is_trivially_copyable_v<FileHeader>);
+
+inline std::size_t header_bytes(std::size_t ndim) noexcept { return sizeof(FileHeader) + 8 * ndim + 8; }
+
+/// Closes a POSIX file descriptor on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd = -1) noexcept : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  [[nodiscard]] int get() const noexcept { return fd_; }
+  void reset(int fd) noexcept {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+  [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
+  /// Closes now, reporting the error close can give (a delayed write failure on some file systems).
+  bool close() noexcept { return ::close(std::exchange(fd_, -1)) == 0; }
+
+ private:
+  int fd_;
+};
+
+inline bool write_all(int fd, const void* data, std::size_t n) noexcept {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ::ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return true;
+}
+
+inline bool read_all(int fd, void* data, std::size_t n) noexcept {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ::ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;  // an error, or the file ended early
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+inline std::string os_error(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+/// Parses "<integer>.nitro", the name of a spill file; anything else is not ours.
+inline bool is_spill_file_name(std::string_view name) noexcept {
+  if (!name.ends_with(file_suffix)) return false;
+  name.remove_suffix(file_suffix.size());
+  if (name.starts_with('-')) name.remove_prefix(1);
+  if (name.empty()) return false;
+  for (char c : name)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
+/// The bytes of a tensor's file: header, then payload (`t` contiguous on the CPU).
+inline std::vector<std::byte> encode_header(std::uint64_t key, const at::Tensor& t) {
+  FileHeader h{};
+  std::memcpy(h.magic, file_magic, sizeof h.magic);
+  h.version = file_version;
+  h.ndim = static_cast<std::uint32_t>(t.dim());
+  h.key = key;
+  h.dtype = static_cast<std::int32_t>(t.scalar_type());
+  h.payload_bytes = static_cast<std::uint64_t>(t.nbytes());
+  h.payload_checksum = xxh64({static_cast<const std::byte*>(t.data_ptr()), t.nbytes()});
+  std::vector<std::byte> out(header_bytes(h.ndim));
+  std::memcpy(out.data(), &h, sizeof h);
+  for (std::uint32_t d = 0; d < h.ndim; ++d) {
+    const std::int64_t s = t.size(d);
+    std::memcpy(out.data() + sizeof h + 8 * d, &s, 8);
+  }
+  const std::uint64_t check = xxh64({out.data(), out.size() - 8});
+  std::memcpy(out.data() + out.size() - 8, &check, 8);
+  return out;
+}
+
+/// Reads and checks a whole spill file; nothing when anything about it is wrong.
+inline std::optional<at::Tensor> decode_file(int fd, std::uint64_t key, std::uint64_t indexed_bytes) {
+  struct ::stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != indexed_bytes) return std::nullopt;
+  const auto file_bytes = static_cast<std::uint64_t>(st.st_size);
+  FileHeader h{};
+  if (file_bytes < header_bytes(0) || !read_all(fd, &h, sizeof h)) return std::nullopt;
+  if (std::memcmp(h.magic, file_magic, sizeof h.magic) != 0 || h.version != file_version || h.key != key ||
+      h.ndim > max_file_ndim || file_bytes < header_bytes(h.ndim))
+    return std::nullopt;
+  std::vector<std::byte> head(header_bytes(h.ndim));
+  std::memcpy(head.data(), &h, sizeof h);
+  if (!read_all(fd, head.data() + sizeof h, head.size() - sizeof h)) return std::nullopt;
+  std::uint64_t check;
+  std::memcpy(&check, head.data() + head.size() - 8, 8);
+  if (check != xxh64({head.data(), head.size() - 8})) return std::nullopt;
+  if (h.payload_bytes != file_bytes - head.size()) return std::nullopt;
+  if (h.dtype < 0 || h.dtype >= static_cast<std::int32_t>(c10::ScalarType::Undefined)) return std::nullopt;
+  const auto dtype = static_cast<c10::ScalarType>(h.dtype);
+  if (c10::isQIntType(dtype)) return std::nullopt;
+  std::uint64_t item = 0;
+  try {
+    item = c10::elementSize(dtype);
+  } catch (const c10::Error&) {
+    return std::nullopt;
+  }
+  std::vector<std::int64_t> sizes(h.ndim);
+  bool empty = false;
+  for (std::uint32_t d = 0; d < h.ndim; ++d) {
+    std::memcpy(&sizes[d], head.data() + sizeof h + 8 * d, 8);
+    if (sizes[d] < 0) return std::nullopt;
+    empty = empty || sizes[d] == 0;
+  }
+  std::uint64_t expected = empty ? 0 : item;
+  for (std::uint32_t d = 0; d < h.ndim && !empty; ++d)  // an overflow would let a wrong shape pass
+    if (__builtin_mul_overflow(expected, static_cast<std::uint64_t>(sizes[d]), &expected)) return std::nullopt;
+  if (expected != h.payload_bytes) return std::nullopt;
+  at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(dtype));
+  if (h.payload_bytes > 0 && !read_all(fd, t.data_ptr(), h.payload_bytes)) return std::nullopt;
+  if (xxh64({static_cast<const std::byte*>(t.data_ptr()), h.payload_bytes}) != h.payload_checksum)
+    return std::nullopt;
+  return t;
+}
+
+}  // namespace cache::detail
+
+// ---- DiskTier --------------------------------------------------------------------------------------
+
+/// Where and how much a DiskTier may write.
+struct DiskTierOptions {
+  /// The spill directory; created (with its parents) when missing. Give each DiskTier its own.
+  std::filesystem::path directory;
+  /// The byte budget of the files, headers included, > 0.
+  std::size_t capacity_bytes = 0;
+  /// fsync each file (and the directory) before it counts as stored. Off by default: a spill is
+  /// re-creatable, every file is checked on load, and the rename already keeps a crashed process
+  /// from leaving a half file; turn it on to survive a machine crash with the files intact.
+  bool fsync = false;
+};
+
+/// What a DiskTier has done since it was made (or since reset_stats()).
+struct DiskTierStats {
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;      ///< loads that found nothing usable, corrupt files included
+  std::uint64_t stores = 0;      ///< files written
+  std::uint64_t rejections = 0;  ///< stores refused: the file would exceed the whole budget
+  std::uint64_t evictions = 0;   ///< files removed for room
+  std::uint64_t corrupt = 0;     ///< files found missing, truncated or corrupt on load (and removed)
+  std::size_t bytes = 0;         ///< file bytes now held
+  std::size_t entries = 0;       ///< files now held
+  [[nodiscard]] double hit_ratio() const noexcept {
+    const auto n = hits + misses;
+    return n ? static_cast<double>(hits) / static_cast<double>(n) : 0.0;
+  }
+};
+
+/// Tensors in files, one per key, under a byte budget; the least recently stored or loaded file goes
+/// first. Thread safe: file contents are written and read outside the lock, only renames, removals
+/// and the books are under it.
+/// @tparam Key an integral key (the file is named after it); optional through the alias DiskTier (std::int64_t).
+///
+///   nitro::DiskTier disk{{.directory = "/scratch/spill", .capacity_bytes = 64ull << 30}};
+///   disk.store(7, tensor);
+///   if (auto t = disk.load(7)) use(*t);  // a CPU tensor equal to `tensor`, or nothing
+template <std::integral Key>
+  requires(!std::same_as<Key, bool>)
+class BasicDiskTier {
+ public:
+  using key_type = Key;
+  using Options = DiskTierOptions;
+
+  /// Creates the directory if missing, checks that it is writable, and removes the spill files a
+  /// previous run left there. Throws nitro::Error when the directory cannot be used.
+  explicit BasicDiskTier(Options options)
+      : directory_(std::move(options.directory)), capacity_(options.capacity_bytes), fsync_(options.fsync) {
+    NITRO_CHECK(capacity_ > 0, "nitro::DiskTier: capacity_bytes is 0; give the byte budget of the spill files, e.g. "
+                               "{.directory = \"/scratch/spill\", .capacity_bytes = 64ull << 30} for 64 GiB");
+    NITRO_CHECK(!directory_.empty(), "nitro::DiskTier: directory is empty; give the spill directory, e.g. "
+                                     "{.directory = \"/scratch/spill\"}");
+    std::error_code ec;
+    const bool existed = std::filesystem::is_directory(directory_, ec);
+    if (!existed) {
+      std::filesystem::create_directories(directory_, ec);
+      NITRO_CHECK(!ec && std::filesystem::is_directory(directory_), "nitro::DiskTier: cannot create the spill "
+                  "directory ", directory_, ": ", ec ? ec.message() : "it exists and is not a directory",
+                  "; give a directory on a writable local disk");
+      created_directory_ = true;
+    }
+    probe_writable();
+    remove_stale_files();
+  }
+
+  BasicDiskTier(const BasicDiskTier&) = delete;
+  BasicDiskTier& operator=(const BasicDiskTier&) = delete;
+
+  /// Removes its files, and the directory when it made it and nothing else is in it.
+  ~BasicDiskTier() {
+    try {
+      clear();
+      std::error_code ec;
+      if (created_directory_ && std::filesystem::is_empty(directory_, ec) && !ec)
+        std::filesystem::remove(directory_, ec);
+    } catch (...) {  // a destructor cleans up what it can
+    }
+  }
+
+  /// Writes `tensor` (any device, any layout in memory: a contiguous CPU copy is what is written)
+  /// under `key`, replacing what was there, and removes the least recently used files until the
+  /// budget holds. Returns false, storing nothing and dropping the old file, when the file alone
+  /// would exceed the budget. Throws nitro::Error for a tensor that cannot be spilled (undefined,
+  /// sparse, quantized, nested) or when the file cannot be written (disk full, directory removed).
+  ///   disk.store(i, image);
+  bool store(Key key, const at::Tensor& tensor) {
+    const at::Tensor t = spillable(tensor);
+    std::vector<std::byte> head = cache::detail::encode_header(static_cast<std::uint64_t>(key), t);
+    const std::size_t file_bytes = head.size() + t.nbytes();
+    if (file_bytes > capacity_) {
+      std::lock_guard guard(mutex_);
+      if (const auto it = index_.find(key); it != index_.end()) drop(it);
+      ++stats_.rejections;
+      return false;
+    }
+
+    const std::filesystem::path temp = temp_path(key);
+    {
+      cache::detail::Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      NITRO_CHECK(fd, "nitro::DiskTier: cannot create ", temp, ": ", cache::detail::os_error(errno),
+                  "; check that the spill directory still exists and is writable");
+      const bool written = cache::detail::write_all(fd.get(), head.data(), head.size()) &&
+                           cache::detail::write_all(fd.get(), t.data_ptr(), t.nbytes()) &&
+                           (!fsync_ || ::fsync(fd.get()) == 0) && fd.close();
+      if (!written) {
+        const int err = errno;
+        ::unlink(temp.c_str());
+        detail::fail("nitro::DiskTier: cannot write ", file_bytes, " bytes to ", temp, ": ",
+                     cache::detail::os_error(err), "; free space on that disk or lower capacity_bytes");
+      }
+    }
+
+    std::lock_guard guard(mutex_);
+    const std::filesystem::path path = path_of(key);
+    if (::rename(temp.c_str(), path.c_str()) != 0) {
+      const int err = errno;
+      ::unlink(temp.c_str());
+      detail::fail("nitro::DiskTier: cannot rename ", temp, " to ", path, ": ", cache::detail::os_error(err),
+                   "; check that the spill directory still exists and is writable");
+    }
+    if (fsync_) sync_directory();
+    // The rename replaced the old file; only the books of the old entry remain to drop.
+    if (const auto it = index_.find(key); it != index_.end()) forget(it);
+    order_.push_back(key);
+    index_.emplace(key, Entry{file_bytes, ++generation_, std::prev(order_.end())});
+    bytes_ += file_bytes;
+    ++stats_.stores;
+    while (bytes_ > capacity_) {
+      drop(index_.find(order_.front()));
+      ++stats_.evictions;
+    }
+    return true;
+  }
+
+  /// The tensor under `key` as a CPU tensor, or nothing when it is absent or its file is missing,
+  /// truncated or corrupt (that file is then removed and counted in stats().corrupt).
+  ///   if (auto t = disk.load(i)) use(*t);
+  [[nodiscard]] std::optional<at::Tensor> load(Key key) {
+    cache::detail::Fd fd;
+    std::uint64_t generation = 0, file_bytes = 0;
+    {
+      std::lock_guard guard(mutex_);
+      const auto it = index_.find(key);
+      if (it == index_.end()) {
+        ++stats_.misses;
+        return std::nullopt;
+      }
+      // Opened under the lock so the file is the one the entry describes; once open, a rename over
+      // it or its removal leaves what this reads intact (POSIX keeps an unlinked file's contents).
+      fd.reset(::open(path_of(key).c_str(), O_RDONLY | O_CLOEXEC));
+      if (!fd) {
+        drop(it);
+        ++stats_.corrupt;
+        ++stats_.misses;
+        return std::nullopt;
+      }
+      generation = it->second.generation;
+      file_bytes = it->second.bytes;
+      order_.splice(order_.end(), order_, it->second.position);
+    }
+    std::optional<at::Tensor> tensor =
+        cache::detail::decode_file(fd.get(), static_cast<std::uint64_t>(key), file_bytes);
+    std::lock_guard guard(mutex_);
+    if (!tensor) {
+      // Remove the bad file unless a store has replaced it since.
+      if (const auto it = index_.find(key); it != index_.end() && it->second.generation == generation) drop(it);
+      ++stats_.corrupt;
+      ++stats_.misses;
+      return std::nullopt;
+    }
+    ++stats_.hits;
+    return tensor;
+  }
+
+  /// Removes `key`'s file; false when it was not held.
+  bool erase(Key key) {
+    std::lock_guard guard(mutex_);
+    const auto it = index_.find(key);
+    if (it == index_.end()) return false;
+    drop(it);
+    return true;
+  }
+
+  /// Whether a file is held for `key` (it is not read: load() may still find it corrupt).
+  [[nodiscard]] bool contains(Key key) const {
+    std::lock_guard guard(mutex_);
+    return index_.contains(key);
+  }
+
+  /// Removes every file it holds; the statistics stay.
+  void clear() {
+    std::lock_guard guard(mutex_);
+    for (const auto& [key, entry] : index_) ::unlink(path_of(key).c_str());
+    index_.clear();
+    order_.clear();
+    bytes_ = 0;
+  }
+
+  [[nodiscard]] std::size_t size() const {
+    std::lock_guard guard(mutex_);
+    return index_.size();
+  }
+  /// File bytes held, headers included; never more than capacity().
+  [[nodiscard]] std::size_t bytes() const {
+    std::lock_guard guard(mutex_);
+    return bytes_;
+  }
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  [[nodiscard]] const std::filesystem::path& directory() const noexcept { return directory_; }
+  /// The file that holds (or would hold) `key`.
+  [[nodiscard]] std::filesystem::path path_of(Key key) const {
+    return directory_ / (std::to_string(key) + std::string(cache::detail::file_suffix));
+  }
+  [[nodiscard]] DiskTierStats stats() const {
+    std::lock_guard guard(mutex_);
+    DiskTierStats s = stats_;
+    s.bytes = bytes_;
+    s.entries = index_.size();
+    return s;
+  }
+  void reset_stats() {
+    std::lock_guard guard(mutex_);
+    stats_ = {};
+  }
+
+ private:
+  struct Entry {
+    std::size_t bytes;
+    std::uint64_t generation;  // tells a file apart from the one a later store put under the same name
+    typename std::list<Key>::iterator position;
+  };
+  using Index = std::unordered_map<Key, Entry>;
+
+  static at::Tensor spillable(const at::Tensor& tensor) {
+    NITRO_CHECK(tensor.defined(), "nitro::DiskTier: cannot store an undefined tensor; store a defined one");
+    NITRO_CHECK(tensor.layout() == c10::kStrided && !tensor.is_nested() && !c10::isQIntType(tensor.scalar_type()),
+                "nitro::DiskTier: cannot store a ", tensor.layout(), " ", tensor.scalar_type(),
+                " tensor; only dense (strided), non-quantized tensors can be spilled (convert it, e.g. .to_dense())");
+    // Conjugate and negative views are lazy flags over the same bytes: resolve them so the bytes
+    // written are the values.
+    at::Tensor t = tensor.resolve_conj().resolve_neg();
+    if (!t.device().is_cpu()) t = t.cpu();
+    return t.contiguous();
+  }
+
+  std::filesystem::path temp_path(Key key) {
+    // A dot name so it is never taken for a spill file; unique per write so concurrent stores of one
+    // key do not share a temporary.
+    return directory_ / ("." + std::to_string(key) + "." + std::to_string(::getpid()) + "." +
+                         std::to_string(temp_counter_.fetch_add(1, std::memory_order_relaxed)) +
+                         std::string(cache::detail::temp_suffix));
+  }
+
+  // Drops the books of an entry whose file is already gone or replaced. Under the lock.
+  void forget(typename Index::iterator it) {
+    bytes_ -= it->second.bytes;
+    order_.erase(it->second.position);
+    index_.erase(it);
+  }
+  // Removes an entry's file and its books. Under the lock, so a store of the same key cannot slip in
+  // between and lose its new file.
+  void drop(typename Index::iterator it) {
+    ::unlink(path_of(it->first).c_str());
+    forget(it);
+  }
+
+  void sync_directory() const {
+    cache::detail::Fd dir(::open(directory_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dir) ::fsync(dir.get());
+  }
+
+  void probe_writable() const {
+    const std::filesystem::path probe = directory_ / (".nitro-probe." + std::to_string(::getpid()));
+    cache::detail::Fd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    const int err = errno;
+    NITRO_CHECK(fd, "nitro::DiskTier: the spill directory ", directory_, " is not writable (creating ", probe,
+                " failed: ", cache::detail::os_error(err), "); give a directory on a writable local disk");
+    fd.close();
+    ::unlink(probe.c_str());
+  }
+
+  // A previous run's spills cannot be trusted to match this run's sources: start empty. Only files
+  // named like ours are touched, and a spill file only when it begins with our magic.
+  void remove_stale_files() const {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(directory_, ec)) {
+      const std::string name = e.path().filename().string();
+      std::error_code ignored;
+      if (name.starts_with('.') && name.ends_with(cache::detail::temp_suffix)) {
+        std::filesystem::remove(e.path(), ignored);
+      } else if (cache::detail::is_spill_file_name(name) && e.is_regular_file(ignored)) {
+        cache::detail::Fd fd(::open(e.path().c_str(), O_RDONLY | O_CLOEXEC));
+        char magic[sizeof cache::detail::file_magic] = {};
+        const bool short_or_ours = fd && (!cache::detail::read_all(fd.get(), magic, sizeof magic) ||
+                                          std::memcmp(magic, cache::detail::file_magic, sizeof magic) == 0);
+        if (short_or_ours) std::filesystem::remove(e.path(), ignored);
+      }
+    }
+  }
+
+  const std::filesystem::path directory_;
+  const std::size_t capacity_;
+  const bool fsync_;
+  bool created_directory_ = false;
+  mutable std::mutex mutex_;
+  Index index_;
+  std::list<Key> order_;  // least recently stored or loaded first
+  std::size_t bytes_ = 0;
+  std::uint64_t generation_ = 0;
+  std::atomic<std::uint64_t> temp_counter_{0};
+  DiskTierStats stats_;
+};
+
+/// A DiskTier keyed by sample index.
+using DiskTier = BasicDiskTier<std::int64_t>;
+
+// ---- TieredCache -----------------------------------------------------------------------------------
+
+/// Both tiers' statistics. Every get() is one memory hit or miss, and every memory miss is one disk
+/// hit or miss: memory.misses == disk.hits + disk.misses.
+struct TieredCacheStats {
+  CacheStats memory;
+  DiskTierStats disk;
+  [[nodiscard]] std::uint64_t hits() const noexcept { return memory.hits + disk.hits; }
+  [[nodiscard]] std::uint64_t misses() const noexcept { return disk.misses; }
+  [[nodiscard]] double hit_ratio() const noexcept {
+    const auto n = memory.hits + memory.misses;
+    return n ? static_cast<double>(hits()) / static_cast<double>(n) : 0.0;
+  }
+};
+
+/// A memory cache in front of a DiskTier: what the memory tier evicts or refuses is written to disk,
+/// and a get() that misses memory reads the disk, moving a hit back into memory.
+/// @tparam Policy the memory tier's eviction policy (cache/evict/), required
+/// @tparam Lock   a BasicLockable for both the memory tier and the spill path; optional, default
+///                std::mutex (NullMutex for one thread)
+///
+/// Memory hits take only the memory tier's lock. Puts, spills, erases and disk reads are ordered by
+/// one lock, so a value erased or replaced never comes back from disk; a get racing a put or a
+/// promotion of the same key may miss (a cache miss, never a wrong value).
+///
+///   nitro::TieredCache<nitro::evict::Lru> cache{{.memory_capacity_bytes = 1ull << 30,
+///                                                .disk = {.directory = "/tmp/spill", .capacity_bytes = 8ull << 30}}};
+///   cache.put(i, tensor);
+///   auto t = cache.get(i);  // from memory, or from disk when memory evicted it
+template <EvictionPolicy Policy, class Lock = std::mutex>
+class TieredCache {
+ public:
+  using memory_type = Cache<Policy, std::int64_t, at::Tensor, TensorBytes, Lock>;
+  using disk_type = DiskTier;
+
+  struct Options {
+    /// The memory tier's byte budget (TensorBytes), > 0.
+    std::size_t memory_capacity_bytes = 0;
+    /// The memory tier's policy knobs.
+    typename Policy::Options policy{};
+    /// The disk tier: directory and byte budget.
+    DiskTierOptions disk{};
+  };
+
+  explicit TieredCache(Options options)
+      : disk_(std::move(options.disk)),
+        memory_({.capacity_bytes = checked_memory_capacity(options.memory_capacity_bytes),
+                 .policy = std::move(options.policy)}) {
+    // Runs on the thread whose put or promotion caused the removal, which holds spill_lock_.
+    memory_.on_evict([this](const std::int64_t& key, const at::Tensor& value, RemovalCause) {
+      disk_.store(key, value);
+    });
+  }
+
+  TieredCache(const TieredCache&) = delete;
+  TieredCache& operator=(const TieredCache&) = delete;
+
+  /// Stores `value` under `key` in memory (replacing it in both tiers); what memory evicts for room,
+  /// or `value` itself when memory refuses it, goes to disk. Returns whether `value` is held in
+  /// either tier. Throws nitro::Error for a tensor the disk tier could not hold (undefined, sparse,
+  /// quantized, nested) or when a spill cannot be written.
+  ///   cache.put(i, image);
+  bool put(std::int64_t key, at::Tensor value) {
+    check_spillable(value);
+    std::lock_guard guard(spill_lock_);
+    disk_.erase(key);  // before the put: a refused value is spilled under the same key
+    return memory_.put(key, std::move(value)) || disk_.contains(key);
+  }
+
+  /// The tensor under `key`: from memory, else from disk (a CPU tensor, moved back into memory when
+  /// it fits there), else nothing.
+  ///   if (auto t = cache.get(i)) use(*t);
+  [[nodiscard]] std::optional<at::Tensor> get(std::int64_t key) {
+    if (auto hit = memory_.get(key)) return hit;
+    std::lock_guard guard(spill_lock_);
+    std::optional<at::Tensor> value = disk_.load(key);
+    if (value && static_cast<std::size_t>(TensorBytes{}(*value)) <= memory_.capacity()) {
+      disk_.erase(key);
+      memory_.put(key, *value);  // what this evicts is spilled; if the policy refuses it, back it goes
+    }
+    return value;
+  }
+
+  /// Removes `key` from both tiers; false when neither held it.
+  bool erase(std::int64_t key) {
+    std::lock_guard guard(spill_lock_);
+    const bool in_memory = memory_.erase(key);
+    return disk_.erase(key) || in_memory;
+  }
+
+  /// Whether either tier holds `key`; not an access.
+  [[nodiscard]] bool contains(std::int64_t key) const { return memory_.contains(key) || disk_.contains(key); }
+
+  /// Empties both tiers (no spills); the statistics stay.
+  void clear() {
+    std::lock_guard guard(spill_lock_);
+    memory_.clear();
+    disk_.clear();
+  }
+
+  /// Entries in both tiers.
+  [[nodiscard]] std::size_t size() const { return memory_.size() + disk_.size(); }
+  [[nodiscard]] TieredCacheStats stats() const { return {memory_.stats(), disk_.stats()}; }
+  void reset_stats() {
+    memory_.reset_stats();
+    disk_.reset_stats();
+  }
+  /// The tiers, to inspect; change them through the TieredCache only.
+  [[nodiscard]] const memory_type& memory() const noexcept { return memory_; }
+  [[nodiscard]] const disk_type& disk() const noexcept { return disk_; }
+
+ private:
+  static std::size_t checked_memory_capacity(std::size_t capacity) {
+    NITRO_CHECK(capacity > 0, "nitro::TieredCache<", Policy::name, ">: memory_capacity_bytes is 0; give the memory "
+                "tier's byte budget, e.g. {.memory_capacity_bytes = 1ull << 30} for 1 GiB");
+    return capacity;
+  }
+  // Checked before the put, so a value that could never be spilled is refused at the door rather than
+  // failing later inside another key's eviction.
+  static void check_spillable(const at::Tensor& t) {
+    NITRO_CHECK(t.defined(), "nitro::TieredCache: cannot put an undefined tensor; put a defined one");
+    NITRO_CHECK(t.layout() == c10::kStrided && !t.is_nested() && !c10::isQIntType(t.scalar_type()),
+                "nitro::TieredCache: cannot put a ", t.layout(), " ", t.scalar_type(),
+                " tensor; only dense (strided), non-quantized tensors can be spilled to disk "
+                "(convert it, e.g. .to_dense())");
+  }
+
+  disk_type disk_;  // declared first: the memory tier's callback writes to it, so it must outlive it
+  memory_type memory_;
+  mutable Lock spill_lock_;
+};
+
+}  // namespace nitro

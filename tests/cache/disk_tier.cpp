@@ -1,0 +1,511 @@
+#include "testing.hpp"
+
+#include <nitro/cache/disk_tier.hpp>
+#include <nitro/cache/evict/lru.hpp>
+#include <nitro/cache/evict/no_evict.hpp>
+
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+/// Removes `p` and everything under it. Not fs::remove_all: libtorch.so (2.11) exports its own copy
+/// of std::filesystem::remove_all, which the dynamic linker prefers and which crashes (a call through
+/// a null pointer) on a directory that is not empty.
+void remove_tree(const fs::path& p) {
+  std::error_code ec;
+  if (fs::is_directory(fs::symlink_status(p, ec))) {
+    std::vector<fs::path> children;
+    for (const auto& e : fs::directory_iterator(p, ec)) children.push_back(e.path());
+    for (const auto& child : children) remove_tree(child);
+  }
+  fs::remove(p, ec);
+}
+
+/// A fresh directory under the system's temporary one, removed with everything in it at scope exit.
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    static std::atomic<int> counter{0};
+    path = fs::temp_directory_path() /
+           ("nitro-disk-tier-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    remove_tree(path);
+  }
+  ~TempDir() { remove_tree(path); }
+  fs::path operator/(const std::string& name) const { return path / name; }
+};
+
+std::uint64_t xxh64_of(const void* data, std::size_t n, std::uint64_t seed = 0) {
+  return nitro::cache::detail::xxh64({static_cast<const std::byte*>(data), n}, seed);
+}
+
+/// The raw bytes of a tensor's values, to compare bitwise (NaN and -0.0 included).
+at::Tensor bytes_of(const at::Tensor& t) { return t.contiguous().flatten().view(at::kByte); }
+
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() && torch::equal(bytes_of(a), bytes_of(b));
+}
+
+/// The bytes of every spill file in `dir`, summed.
+std::uintmax_t spill_file_bytes(const fs::path& dir) {
+  std::uintmax_t total = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".nitro") total += e.file_size();
+  return total;
+}
+
+std::vector<char> read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void write_file(const fs::path& p, const std::vector<char>& bytes) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// A 1-d float tensor of n elements takes 48 (header) + 8 (one size) + 8 (header checksum) + 4n bytes.
+constexpr std::size_t file_bytes_1d_float(std::size_t n) { return 64 + 4 * n; }
+
+}  // namespace
+
+TEST_CASE("xxh64 matches the sanity vectors of the xxHash reference implementation") {
+  // xxHash's own sanity check (bench.c): a 101-byte buffer from a multiplicative generator, hashed
+  // whole and in prefixes of 0, 1 and 14 bytes, with seeds 0 and 2654435761.
+  std::array<unsigned char, 101> buffer{};
+  std::uint32_t gen = 2654435761U;
+  for (auto& b : buffer) {
+    b = static_cast<unsigned char>(gen >> 24);
+    gen *= gen;
+  }
+  const std::uint64_t prime = 2654435761U;
+  CHECK(xxh64_of(nullptr, 0, 0) == 0xEF46DB3751D8E999ULL);
+  CHECK(xxh64_of(nullptr, 0, prime) == 0xAC75FDA2929B17EFULL);
+  CHECK(xxh64_of(buffer.data(), 1, 0) == 0x4FCE394CC88952D8ULL);
+  CHECK(xxh64_of(buffer.data(), 1, prime) == 0x739840CB819FA723ULL);
+  CHECK(xxh64_of(buffer.data(), 14, 0) == 0xCFFA8DB881BC3A3DULL);
+  CHECK(xxh64_of(buffer.data(), 14, prime) == 0x5B9611585EFCC9CBULL);
+  CHECK(xxh64_of(buffer.data(), 101, 0) == 0x0EAB543384F878ADULL);
+  CHECK(xxh64_of(buffer.data(), 101, prime) == 0xCAA65939306F1E21ULL);
+  CHECK(xxh64_of("abc", 3) == 0x44BC2CF5AD770999ULL);
+  const std::string text = "Nobody inspects the spammish repetition";
+  CHECK(xxh64_of(text.data(), text.size()) == 0xFBCEA83C8A378BF1ULL);
+}
+
+TEST_CASE("tensors of every dtype and shape come back bitwise equal as contiguous CPU tensors") {
+  TempDir dir;
+  nitro::DiskTier disk{{.directory = dir.path, .capacity_bytes = 1 << 20}};
+  torch::manual_seed(0);
+  const auto base = torch::randn({4, 6});
+  std::vector<at::Tensor> originals = {
+      base,
+      base.to(at::kHalf),
+      base.to(at::kBFloat16),
+      base.to(at::kDouble),
+      torch::randint(-1000000, 1000000, {3, 5}, at::kLong),
+      torch::randint(0, 256, {17}, at::kByte),
+      base > 0,                                                  // bool
+      torch::tensor(3.5f),                                       // 0-dim
+      torch::tensor(std::int64_t{-7}),                           // 0-dim int64
+      torch::empty({0}),                                         // empty
+      torch::empty({2, 0, 3}, at::kHalf),                        // empty, 3-d
+      base.t(),                                                  // non-contiguous: transposed
+      base.index({torch::indexing::Slice(), torch::indexing::Slice(1, torch::indexing::None, 2)}),  // strided
+      base[2],                                                   // a view at a storage offset
+      base.unsqueeze(0).expand({3, 4, 6}),                       // zero strides
+      torch::randn({2, 3}, at::kComplexFloat).conj(),            // a lazy conjugate
+      torch::tensor({std::numeric_limits<float>::quiet_NaN(), -0.0f, std::numeric_limits<float>::infinity()}),
+      torch::randn({2, 3, 4, 5}).to(at::kHalf).permute({3, 1, 0, 2}),
+  };
+  for (std::int64_t key = 0; key < static_cast<std::int64_t>(originals.size()); ++key) {
+    CAPTURE(key);
+    const auto& original = originals[static_cast<std::size_t>(key)];
+    REQUIRE(disk.store(key, original));
+  }
+  for (std::int64_t key = 0; key < static_cast<std::int64_t>(originals.size()); ++key) {
+    CAPTURE(key);
+    const auto& original = originals[static_cast<std::size_t>(key)];
+    const auto loaded = disk.load(key);
+    REQUIRE(loaded.has_value());
+    CHECK(loaded->device().is_cpu());
+    CHECK(loaded->is_contiguous());
+    CHECK(loaded->scalar_type() == original.scalar_type());
+    CHECK(loaded->sizes() == original.sizes());
+    CHECK(bitwise_equal(*loaded, original.resolve_conj()));
+    if (key != 16) CHECK(torch::equal(*loaded, original.resolve_conj()));  // 16 holds a NaN
+  }
+  CHECK(disk.stats().hits == originals.size());
+  CHECK(disk.stats().corrupt == 0);
+}
+
+TEST_CASE("one file per key named key.nitro whose bytes are the budget's measure") {
+  TempDir dir;
+  nitro::DiskTier disk{{.directory = dir.path, .capacity_bytes = 1 << 20}};
+  CHECK(disk.store(42, torch::ones({100})));
+  CHECK(disk.store(-5, torch::ones({10, 10}, at::kDouble)));
+  CHECK(disk.path_of(42) == dir / "42.nitro");
+  CHECK(fs::exists(dir / "42.nitro"));
+  CHECK(fs::exists(dir / "-5.nitro"));
+  CHECK(fs::file_size(dir / "42.nitro") == file_bytes_1d_float(100));
+  CHECK(fs::file_size(dir / "-5.nitro") == 48 + 2 * 8 + 8 + 800);
+  CHECK(disk.bytes() == spill_file_bytes(dir.path));
+  const auto bytes = read_file(dir / "42.nitro");
+  CHECK(std::string(bytes.data(), 8) == "NITROTNS");
+  CHECK(disk.size() == 2);
+  CHECK(disk.contains(-5));
+  CHECK_FALSE(disk.contains(7));
+  CHECK_FALSE(disk.load(7).has_value());  // never stored: a plain miss
+  CHECK(disk.stats().misses == 1);
+  CHECK(disk.stats().corrupt == 0);
+
+  CHECK(disk.erase(42));
+  CHECK_FALSE(disk.erase(42));
+  CHECK_FALSE(fs::exists(dir / "42.nitro"));
+  disk.clear();
+  CHECK(disk.size() == 0);
+  CHECK(disk.bytes() == 0);
+  CHECK(spill_file_bytes(dir.path) == 0);
+  CHECK(disk.stats().stores == 2);
+}
+
+TEST_CASE("the byte budget is never exceeded and the least recently stored or loaded file goes first") {
+  TempDir dir;
+  const std::size_t file = file_bytes_1d_float(100);
+  nitro::DiskTier disk{{.directory = dir.path, .capacity_bytes = 3 * file + file / 2}};
+  auto value = [](std::int64_t k) { return torch::full({100}, static_cast<float>(k)); };
+  auto check_budget = [&] {
+    CHECK(disk.bytes() <= disk.capacity());
+    CHECK(disk.bytes() == spill_file_bytes(dir.path));
+    CHECK(disk.bytes() == disk.size() * file);
+  };
+
+  for (std::int64_t k = 0; k < 3; ++k) {
+    CHECK(disk.store(k, value(k)));
+    check_budget();
+  }
+  CHECK(disk.size() == 3);
+  CHECK(disk.store(3, value(3)));  // evicts 0, the oldest
+  check_budget();
+  CHECK_FALSE(disk.contains(0));
+  CHECK_FALSE(fs::exists(dir / "0.nitro"));
+  CHECK(disk.stats().evictions == 1);
+
+  CHECK(torch::equal(*disk.load(1), value(1)));  // 1 becomes the most recent
+  CHECK(disk.store(4, value(4)));                // evicts 2, not 1
+  check_budget();
+  CHECK(disk.contains(1));
+  CHECK_FALSE(disk.contains(2));
+  CHECK(disk.stats().evictions == 2);
+
+  CHECK(disk.store(3, value(30)));  // a replacement: counted once, and now the most recent
+  check_budget();
+  CHECK(disk.size() == 3);
+  CHECK(torch::equal(*disk.load(3), value(30)));
+  CHECK(disk.store(5, value(5)));  // evicts 1 (4 and 3 are newer)
+  CHECK_FALSE(disk.contains(1));
+  CHECK(disk.contains(4));
+  check_budget();
+
+  // Larger than the whole budget: refused, and the old file under that key goes too.
+  CHECK_FALSE(disk.store(4, torch::zeros({1000})));
+  CHECK_FALSE(disk.contains(4));
+  CHECK(disk.stats().rejections == 1);
+  check_budget();
+  CHECK(disk.stats().stores == 7);
+  CHECK(disk.stats().evictions == 3);
+}
+
+TEST_CASE("a missing truncated or corrupt file is a miss that is removed and counted") {
+  TempDir dir;
+  nitro::DiskTier disk{{.directory = dir.path, .capacity_bytes = 1 << 20}};
+  const auto original = torch::arange(256, at::kFloat);
+  const std::size_t header = 64;  // 1-d: 48 + 8 + 8
+  struct Damage {
+    const char* name;
+    std::function<void(const fs::path&)> apply;
+  };
+  auto flip = [](std::size_t at) {
+    return [at](const fs::path& p) {
+      auto bytes = read_file(p);
+      bytes[at] = static_cast<char>(bytes[at] ^ 0x10);
+      write_file(p, bytes);
+    };
+  };
+  const std::vector<Damage> damages = {
+      {"payload byte flipped", flip(header + 100)},
+      {"last payload byte flipped", flip(header + 1023)},
+      {"bad magic", flip(0)},
+      {"size flipped in the header", flip(48)},
+      {"dtype changed in the header", flip(24)},
+      {"payload checksum flipped", flip(47)},
+      {"header checksum flipped", flip(56)},
+      {"truncated in the payload", [](const fs::path& p) { fs::resize_file(p, fs::file_size(p) - 1); }},
+      {"truncated in the header", [](const fs::path& p) { fs::resize_file(p, 20); }},
+      {"emptied", [](const fs::path& p) { fs::resize_file(p, 0); }},
+      {"a byte appended", [](const fs::path& p) {
+         auto bytes = read_file(p);
+         bytes.push_back('x');
+         write_file(p, bytes);
+       }},
+      {"deleted", [](const fs::path& p) { fs::remove(p); }},
+      {"replaced by another key's file", [&](const fs::path& p) {
+         nitro::DiskTier other{{.directory = dir / "other", .capacity_bytes = 1 << 20}};
+         other.store(8, original);
+         fs::copy_file(other.path_of(8), p, fs::copy_options::overwrite_existing);
+       }},
+  };
+  std::uint64_t corrupt = 0;
+  for (const auto& damage : damages) {
+    CAPTURE(damage.name);
+    REQUIRE(disk.store(7, original));
+    damage.apply(disk.path_of(7));
+    const auto misses = disk.stats().misses;
+    CHECK_FALSE(disk.load(7).has_value());
+    CHECK(disk.stats().corrupt == ++corrupt);
+    CHECK(disk.stats().misses == misses + 1);
+    CHECK_FALSE(disk.contains(7));
+    CHECK_FALSE(fs::exists(disk.path_of(7)));
+    CHECK(disk.bytes() == 0);
+    CHECK_FALSE(disk.load(7).has_value());  // now a plain miss
+    CHECK(disk.stats().corrupt == corrupt);
+  }
+  // The tier still works after all that.
+  REQUIRE(disk.store(7, original));
+  CHECK(torch::equal(*disk.load(7), original));
+  CHECK(disk.stats().hits == 1);
+}
+
+TEST_CASE("construction errors throw nitro::Error saying what to do") {
+  TempDir dir;
+  fs::create_directories(dir.path);
+  write_file(dir / "a-file", {'x'});
+  CHECK_THROWS_WITH_AS(nitro::DiskTier({.directory = dir.path, .capacity_bytes = 0}),
+                       doctest::Contains("capacity_bytes is 0"), nitro::Error);
+  CHECK_THROWS_WITH_AS(nitro::DiskTier({.directory = "", .capacity_bytes = 10}),
+                       doctest::Contains("directory is empty"), nitro::Error);
+  // A path under a regular file cannot be a directory, whatever the user's privileges.
+  const auto under_file = dir / "a-file" / "spill";
+  CHECK_THROWS_WITH_AS(nitro::DiskTier({.directory = under_file, .capacity_bytes = 10}),
+                       doctest::Contains("cannot create the spill directory"), nitro::Error);
+  try {
+    nitro::DiskTier bad{{.directory = under_file, .capacity_bytes = 10}};
+  } catch (const nitro::Error& e) {
+    const std::string message = e.what();
+    CHECK(message.find(under_file.string()) != std::string::npos);
+    CHECK(message.find("Not a directory") != std::string::npos);  // the OS's reason
+    CHECK(message.find("give a directory on a writable local disk") != std::string::npos);
+  }
+  // The path of an existing regular file.
+  CHECK_THROWS_AS(nitro::DiskTier({.directory = dir / "a-file", .capacity_bytes = 10}), nitro::Error);
+  if (::geteuid() != 0) {  // root writes through a read-only mode
+    fs::create_directories(dir / "read-only");
+    fs::permissions(dir / "read-only", fs::perms::owner_read | fs::perms::owner_exec);
+    CHECK_THROWS_WITH_AS(nitro::DiskTier({.directory = dir / "read-only", .capacity_bytes = 10}),
+                         doctest::Contains("is not writable"), nitro::Error);
+    fs::permissions(dir / "read-only", fs::perms::owner_all);
+  }
+}
+
+TEST_CASE("a new tier removes a previous run's spill files but nothing else and cleans up after itself") {
+  TempDir dir;
+  {
+    nitro::DiskTier first{{.directory = dir.path, .capacity_bytes = 1 << 20}};
+    first.store(1, torch::ones({3}));
+    first.store(2, torch::ones({3}));
+    CHECK(fs::exists(first.path_of(2)));
+  }
+  CHECK_FALSE(fs::exists(dir.path));  // it made the directory, emptied it, and removed it
+
+  fs::create_directories(dir.path);
+  {
+    nitro::DiskTier previous{{.directory = dir / "tmp", .capacity_bytes = 1 << 20}};
+    previous.store(12, torch::ones({3}));
+    fs::copy_file(previous.path_of(12), dir / "12.nitro");
+  }
+  write_file(dir / ".3.999.0.nitro.tmp", {'h', 'a', 'l', 'f'});  // a crashed write
+  write_file(dir / "7.nitro", {'n', 'o', 't', ' ', 'o', 'u', 'r', 's', '!'});
+  write_file(dir / "notes.txt", {'k', 'e', 'e', 'p'});
+  {
+    nitro::DiskTier disk{{.directory = dir.path, .capacity_bytes = 1 << 20}};
+    CHECK(disk.size() == 0);
+    CHECK_FALSE(fs::exists(dir / "12.nitro"));
+    CHECK_FALSE(fs::exists(dir / ".3.999.0.nitro.tmp"));
+    CHECK(fs::exists(dir / "7.nitro"));  // not our magic: not ours to remove
+    CHECK(fs::exists(dir / "notes.txt"));
+    CHECK_FALSE(disk.load(12).has_value());
+    disk.store(5, torch::ones({3}));
+    CHECK(fs::exists(dir / "5.nitro"));
+  }
+  CHECK_FALSE(fs::exists(dir / "5.nitro"));
+  CHECK(fs::exists(dir.path));  // it did not make this directory, so it stays
+  CHECK(fs::exists(dir / "notes.txt"));
+}
+
+TEST_CASE("concurrent stores loads and erases never return a wrong tensor and keep the budget") {
+  TempDir dir;
+  const std::size_t file = file_bytes_1d_float(64);
+  nitro::DiskTier disk{{.directory = dir.path, .capacity_bytes = 20 * file}};
+  auto value = [](std::int64_t k) { return torch::full({64}, static_cast<float>(k)); };
+  std::atomic<std::uint64_t> loads{0}, wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t));
+      for (int i = 0; i < 400; ++i) {
+        const std::int64_t k = static_cast<std::int64_t>(rng() % 48);
+        switch (rng() % 4) {
+          case 0:
+          case 1:
+            disk.store(k, value(k));
+            break;
+          case 2: {
+            ++loads;
+            if (auto x = disk.load(k); x && !torch::equal(*x, value(k))) ++wrong;
+            break;
+          }
+          default:
+            disk.erase(k);
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(wrong == 0);
+  const auto s = disk.stats();
+  CHECK(s.hits + s.misses == loads);
+  CHECK(s.corrupt == 0);
+  CHECK(disk.bytes() <= disk.capacity());
+  CHECK(disk.bytes() == spill_file_bytes(dir.path));
+  std::size_t temps = 0;
+  for (const auto& e : fs::directory_iterator(dir.path)) temps += e.path().extension() == ".tmp";
+  CHECK(temps == 0);
+}
+
+TEST_CASE("unspillable tensors throw nitro::Error") {
+  TempDir dir;
+  nitro::DiskTier disk{{.directory = dir.path, .capacity_bytes = 1 << 20}};
+  CHECK_THROWS_WITH_AS(disk.store(1, at::Tensor()), doctest::Contains("undefined tensor"), nitro::Error);
+  CHECK_THROWS_WITH_AS(disk.store(1, torch::eye(3).to_sparse()), doctest::Contains("only dense"), nitro::Error);
+  CHECK(disk.size() == 0);
+}
+
+TEST_CASE("a CUDA tensor is stored and comes back on the CPU" * nitro::test::needs_gpu()) {
+  TempDir dir;
+  nitro::DiskTier disk{{.directory = dir.path, .capacity_bytes = 1 << 20}};
+  const auto gpu = torch::randn({8, 9}, torch::device(torch::kCUDA)).t();
+  REQUIRE(disk.store(3, gpu));
+  const auto loaded = disk.load(3);
+  REQUIRE(loaded.has_value());
+  CHECK(loaded->device().is_cpu());
+  CHECK(bitwise_equal(*loaded, gpu.cpu()));
+}
+
+// ---- TieredCache -----------------------------------------------------------------------------------
+
+TEST_CASE("TieredCache spills what memory evicts and brings it back equal") {
+  TempDir dir;
+  const std::size_t value_bytes = 100 * 4;
+  nitro::TieredCache<nitro::evict::Lru> cache{
+      {.memory_capacity_bytes = 2 * value_bytes, .disk = {.directory = dir.path, .capacity_bytes = 1 << 20}}};
+  auto value = [](std::int64_t k) { return torch::full({100}, static_cast<float>(k)) + torch::arange(100); };
+
+  CHECK(cache.put(0, value(0)));
+  CHECK(cache.put(1, value(1)));
+  CHECK(cache.put(2, value(2)));  // memory evicts 0 (LRU): spilled
+  CHECK(cache.memory().size() == 2);
+  CHECK_FALSE(cache.memory().contains(0));
+  CHECK(cache.disk().contains(0));
+  CHECK(cache.contains(0));
+  CHECK(cache.size() == 3);
+
+  const auto back = cache.get(0);  // from disk, promoted; memory evicts 1 to disk
+  REQUIRE(back.has_value());
+  CHECK(torch::equal(*back, value(0)));
+  CHECK(cache.memory().contains(0));
+  CHECK_FALSE(cache.disk().contains(0));
+  CHECK(cache.disk().contains(1));
+  CHECK(torch::equal(*cache.get(1), value(1)));  // and back again
+  CHECK(torch::equal(*cache.get(1), value(1)));  // now a memory hit
+  CHECK_FALSE(cache.get(99).has_value());
+
+  const auto s = cache.stats();
+  CHECK(s.memory.hits + s.memory.misses == 4);
+  CHECK(s.memory.hits == 1);
+  CHECK(s.memory.misses == s.disk.hits + s.disk.misses);
+  CHECK(s.disk.hits == 2);
+  CHECK(s.disk.misses == 1);
+  CHECK(s.hits() == 3);
+  CHECK(s.misses() == 1);
+  CHECK(s.hit_ratio() == doctest::Approx(3.0 / 4.0));
+  CHECK(s.disk.stores == 3);  // 0, then 1, then 2 (evicted when 1 came back)
+  CHECK(s.memory.entries + s.disk.entries == 3);
+  for (std::int64_t k = 0; k < 3; ++k) CHECK(torch::equal(*cache.get(k), value(k)));
+}
+
+TEST_CASE("TieredCache sends what memory refuses to disk and keeps one value per key") {
+  TempDir dir;
+  const std::size_t value_bytes = 100 * 4;
+  nitro::TieredCache<nitro::evict::NoEvict> cache{
+      {.memory_capacity_bytes = 2 * value_bytes, .disk = {.directory = dir.path, .capacity_bytes = 1 << 20}}};
+  auto value = [](std::int64_t k) { return torch::full({100}, static_cast<float>(k)); };
+  for (std::int64_t k = 0; k < 5; ++k) CHECK(cache.put(k, value(k)));
+  CHECK(cache.memory().size() == 2);  // NoEvict keeps the first two
+  CHECK(cache.disk().size() == 3);
+  CHECK(cache.memory().contains(0));
+  CHECK(cache.memory().contains(1));
+  for (std::int64_t k = 0; k < 5; ++k) CHECK(torch::equal(*cache.get(k), value(k)));
+
+  // Larger than memory: straight to disk, and it stays there when read.
+  const auto big = torch::randn({1000});
+  CHECK(cache.put(10, big));
+  CHECK(cache.disk().contains(10));
+  CHECK(torch::equal(*cache.get(10), big));
+  CHECK(cache.disk().contains(10));
+
+  // A replacement is what get returns, whichever tier the old value was in.
+  CHECK(cache.put(3, value(33)));
+  CHECK(torch::equal(*cache.get(3), value(33)));
+  CHECK(cache.put(0, value(100)));
+  CHECK(torch::equal(*cache.get(0), value(100)));
+
+  CHECK(cache.erase(4));
+  CHECK_FALSE(cache.contains(4));
+  CHECK_FALSE(cache.get(4).has_value());
+  CHECK_FALSE(cache.erase(4));
+  cache.clear();
+  CHECK(cache.size() == 0);
+  CHECK(spill_file_bytes(dir.path) == 0);
+
+  // A disk tier too small for the spill: the value is dropped, not an error.
+  nitro::TieredCache<nitro::evict::NoEvict> tiny{
+      {.memory_capacity_bytes = value_bytes, .disk = {.directory = dir / "tiny", .capacity_bytes = 100}}};
+  CHECK(tiny.put(0, value(0)));
+  CHECK_FALSE(tiny.put(1, value(1)));
+  CHECK_FALSE(tiny.get(1).has_value());
+  CHECK(tiny.stats().disk.rejections == 1);
+}
+
+TEST_CASE("TieredCache option and value errors throw nitro::Error") {
+  TempDir dir;
+  using Tiered = nitro::TieredCache<nitro::evict::Lru>;
+  CHECK_THROWS_WITH_AS(Tiered({.memory_capacity_bytes = 0, .disk = {.directory = dir.path, .capacity_bytes = 10}}),
+                       doctest::Contains("memory_capacity_bytes is 0"), nitro::Error);
+  CHECK_THROWS_WITH_AS(Tiered({.memory_capacity_bytes = 10, .disk = {.directory = dir.path, .capacity_bytes = 0}}),
+                       doctest::Contains("capacity_bytes is 0"), nitro::Error);
+  Tiered cache{{.memory_capacity_bytes = 1000, .disk = {.directory = dir.path, .capacity_bytes = 1000}}};
+  CHECK_THROWS_WITH_AS(cache.put(0, at::Tensor()), doctest::Contains("undefined tensor"), nitro::Error);
+  CHECK(cache.size() == 0);
+}
