@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <optional>
 #include <vector>
 
 namespace nitro::cache::detail {
@@ -76,6 +77,38 @@ class SlotQueue {
  private:
   Slot head_ = no_slot, tail_ = no_slot;
   std::size_t size_ = 0;
+};
+
+}  // namespace nitro::cache::detail
+
+namespace nitro::cache::detail {
+
+/// The books of the one-queue policies: entries in insertion order, oldest out first; with
+/// `ReorderOnHit` a hit moves its entry to the back (LRU), without it a hit changes nothing (FIFO).
+template <class Key, bool ReorderOnHit>
+class QueueEvictor {
+ public:
+  void on_insert(const Key&, Slot s, std::size_t) {
+    links_.ensure(s);
+    queue_.push_back(links_, s);
+  }
+  void on_access(const Key&, Slot s) noexcept {
+    if constexpr (ReorderOnHit) queue_.move_to_back(links_, s);
+  }
+  void on_erase(Slot s) noexcept { queue_.remove(links_, s); }
+  std::optional<Slot> victim() noexcept {
+    if (queue_.empty()) return std::nullopt;
+    return queue_.pop_front(links_);
+  }
+  void clear() {
+    links_.clear();
+    queue_.clear();
+  }
+  [[nodiscard]] std::size_t memory_bytes() const noexcept { return links_.memory_bytes(); }
+
+ private:
+  SlotLinks links_;
+  SlotQueue queue_;
 };
 
 }  // namespace nitro::cache::detail

@@ -18,28 +18,9 @@ struct Lru {
   struct Options {};
 
   template <class Key>
-  class Evictor {
+  class Evictor : public cache::detail::QueueEvictor<Key, true> {
    public:
     Evictor(const Options&, std::size_t) {}
-    void on_insert(const Key&, cache::Slot s, std::size_t) {
-      links_.ensure(s);
-      queue_.push_back(links_, s);
-    }
-    void on_access(const Key&, cache::Slot s) noexcept { queue_.move_to_back(links_, s); }
-    void on_erase(cache::Slot s) noexcept { queue_.remove(links_, s); }
-    std::optional<cache::Slot> victim() noexcept {
-      if (queue_.empty()) return std::nullopt;
-      return queue_.pop_front(links_);
-    }
-    void clear() {
-      links_.clear();
-      queue_.clear();
-    }
-    [[nodiscard]] std::size_t memory_bytes() const noexcept { return links_.memory_bytes(); }
-
-   private:
-    cache::detail::SlotLinks links_;
-    cache::detail::SlotQueue queue_;
   };
 };
 static_assert(EvictionPolicy<Lru>);
