@@ -32,4 +32,7 @@
 #include <nitro/cache/evict/sieve.hpp>
 #include <nitro/cache/evict/wtinylfu.hpp>
 
+#include <nitro/data/pinned_pool.hpp>
+#include <nitro/data/prefetcher.hpp>
+#include <nitro/data/source.hpp>
 #include <nitro/data/synthetic.hpp>

@@ -1,0 +1,262 @@
+#pragma once
+// nitro::Prefetcher<Device, Source>: the next batches are made by background workers, and, for
+// Prefetcher<Cuda>, staged in pinned memory and copied to the GPU on a copy stream, before the
+// training step asks for them. Iterate it with range-for; batches come in the source's order.
+//
+//   auto loader = nitro::from_dataset(images.map(torch::data::transforms::Stack<>()),
+//                                     torch::data::samplers::RandomSampler(n), 64);
+//   nitro::Prefetcher<nitro::Cuda, decltype(loader)> batches{std::move(loader), {.depth = 4, .workers = 4}};
+//   for (auto& batch : batches) loop.step(batch, loss_fn);        // already on the GPU
+//
+// Guarantees: batches arrive in claim order, each exactly once; an exception thrown by the source
+// reaches the consumer at that batch's position (and ends the epoch); at most depth + workers
+// batches exist at once besides the one the consumer holds; destroying the prefetcher stops its
+// workers (a worker inside a source call finishes that call first). Prefetcher<Cuda>: the consumer's
+// stream waits on an event for each batch's copy (no host synchronisation), and each tensor is
+// record_stream'ed on the consumer's stream so the caching allocator does not reuse it early.
+#include <nitro/core/concepts.hpp>
+#include <nitro/core/config.hpp>
+#include <nitro/core/device.hpp>
+#include <nitro/core/error.hpp>
+#include <nitro/data/pinned_pool.hpp>
+#include <nitro/data/source.hpp>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#if NITRO_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace nitro {
+
+/// A Prefetcher's knobs.
+template <class B>
+struct PrefetchOptions {
+  /// Batches made ahead of the consumer, >= 1.
+  std::size_t depth = 2;
+  /// Worker threads, >= 1. A sequential source (a callable, a loader) is read by one of them.
+  std::size_t workers = 1;
+  /// Prefetcher<Cuda>: stage batches in pinned host buffers (reused from a pool) so copies are asynchronous.
+  bool pin_memory = true;
+  /// Prefetcher<Cuda>: copy without blocking the host.
+  bool non_blocking = true;
+  /// Prefetcher<Cuda>: four-dimensional tensors arrive in channels-last layout.
+  bool channels_last = false;
+  /// Run on each batch on the device, on the copy stream (e.g. uint8 -> float and normalise).
+  std::function<B(B)> transform{};
+};
+
+template <DeviceTag Device, class Source>
+class Prefetcher {
+ public:
+  using source_type = as_prefetch_source_t<Source>;
+  static_assert(PrefetchSource<source_type>,
+                "nitro::Prefetcher: Source must be a callable returning std::optional<Batch>, or a source of "
+                "data/source.hpp (from_loader, from_dataset); a user batch type needs the customization point "
+                "nitro_map_tensors (core/device.hpp)");
+  using batch_type = typename source_type::batch_type;
+  using Options = PrefetchOptions<batch_type>;
+
+  explicit Prefetcher(Source source) : Prefetcher(std::move(source), Options{}) {}
+  Prefetcher(Source source, Options options) : source_(std::move(source)), o_(std::move(options)) {
+    NITRO_CHECK(o_.depth >= 1, "nitro::Prefetcher: depth is 0; give the number of batches to make ahead, >= 1");
+    NITRO_CHECK(o_.workers >= 1, "nitro::Prefetcher: workers is 0; give the number of worker threads, >= 1");
+    if constexpr (Device::type == c10::DeviceType::CUDA) {
+      require_available<Device>("nitro::Prefetcher<Cuda>");
+#if NITRO_WITH_CUDA
+      device_ = Cuda::device();
+      copy_stream_.emplace(c10::cuda::getStreamFromPool(false, device_.index()));
+#endif
+    }
+    const std::size_t workers = source_type::parallel ? o_.workers : 1;
+    window_ = o_.depth + workers;
+    ring_.resize(window_);
+    threads_.reserve(workers);
+    for (std::size_t i = 0; i < workers; ++i) threads_.emplace_back([this] { work(); });
+  }
+
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  ~Prefetcher() {
+    {
+      std::lock_guard guard(mutex_);
+      stop_ = true;
+    }
+    space_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  /// The next batch, or nothing at the end of the epoch; rethrows what the source threw for it.
+  std::optional<batch_type> next() {
+    std::unique_lock lock(mutex_);
+    ready_.wait(lock, [&] { return next_out_ >= end_ || ring_[next_out_ % window_].has_value(); });
+    if (next_out_ >= end_) return std::nullopt;  // batches made past an error are dropped
+    auto& slot = ring_[next_out_ % window_];
+    Item item = std::move(*slot);
+    slot.reset();
+    ++next_out_;
+    lock.unlock();
+    space_.notify_all();
+    if (item.error) std::rethrow_exception(item.error);
+#if NITRO_WITH_CUDA
+    if (item.copied) {
+      const auto consumer = c10::cuda::getCurrentCUDAStream(device_.index());
+      item.copied->block(consumer);  // the consumer's stream waits for the copy; the host does not
+      for_each_tensor(*item.batch, [&](const at::Tensor& t) {
+        if (t.defined() && t.is_cuda()) t.record_stream(consumer);
+      });
+    }
+#endif
+    return std::move(item.batch);
+  }
+
+  /// Range-for: `for (auto& batch : prefetcher)`. One pass; the iterator owns the current batch.
+  class Iterator {
+   public:
+    using value_type = batch_type;
+    using difference_type = std::ptrdiff_t;
+    Iterator() = default;
+    explicit Iterator(Prefetcher* p) : p_(p) { ++*this; }
+    batch_type& operator*() const { return *current_; }
+    Iterator& operator++() {
+      current_ = p_->next();
+      return *this;
+    }
+    void operator++(int) { ++*this; }
+    friend bool operator==(const Iterator& it, std::default_sentinel_t) { return !it.current_; }
+
+   private:
+    Prefetcher* p_ = nullptr;
+    mutable std::optional<batch_type> current_;
+  };
+  Iterator begin() { return Iterator(this); }
+  std::default_sentinel_t end() { return {}; }
+
+  [[nodiscard]] const Options& options() const noexcept { return o_; }
+  /// Batches made and not yet taken, plus those being made: never more than depth + workers.
+  [[nodiscard]] std::size_t in_flight() const {
+    std::lock_guard guard(mutex_);
+    return static_cast<std::size_t>(next_task_ - next_out_);
+  }
+#if NITRO_WITH_CUDA
+  [[nodiscard]] const PinnedPool& pinned_pool() const noexcept { return pool_; }
+#endif
+
+ private:
+  struct Item {
+    std::optional<batch_type> batch;
+    std::exception_ptr error;
+#if NITRO_WITH_CUDA
+    std::shared_ptr<at::cuda::CUDAEvent> copied;
+#endif
+  };
+  static constexpr std::uint64_t no_end = std::numeric_limits<std::uint64_t>::max();
+
+  void work() {
+    for (;;) {
+      // Claims are taken one at a time, and numbered in the order they are taken.
+      std::unique_lock claim(claim_mutex_);
+      std::uint64_t s;
+      {
+        std::unique_lock lock(mutex_);
+        space_.wait(lock, [&] { return stop_ || next_task_ >= end_ || next_task_ < next_out_ + window_; });
+        if (stop_ || next_task_ >= end_) return;
+        s = next_task_++;
+      }
+      Item item;
+      std::optional<typename source_type::ticket_type> ticket;
+      try {
+        ticket = source_.claim();
+      } catch (...) {
+        item.error = std::current_exception();
+      }
+      if (!ticket && !item.error) {  // the epoch ended at s
+        finish(s, std::nullopt, s);
+        return;
+      }
+      if (item.error) {
+        finish(s, std::move(item), s + 1);
+        return;
+      }
+      claim.unlock();
+      try {
+        make(item, source_.produce(std::move(*ticket)));
+      } catch (...) {
+        item.error = std::current_exception();
+      }
+      const bool failed = static_cast<bool>(item.error);
+      finish(s, std::move(item), failed ? s + 1 : no_end);
+    }
+  }
+
+  void make(Item& item, batch_type&& batch) {
+    if constexpr (Device::type == c10::DeviceType::CUDA) {
+#if NITRO_WITH_CUDA
+      std::vector<at::Tensor> used;
+      batch_type host = o_.pin_memory ? pool_.stage(batch, used) : std::move(batch);
+      c10::cuda::CUDAStreamGuard on_copy_stream(*copy_stream_);
+      batch_type on_device = to_device(host, device_, {.non_blocking = o_.non_blocking, .channels_last = o_.channels_last});
+      if (o_.transform) on_device = o_.transform(std::move(on_device));
+      item.copied = std::make_shared<at::cuda::CUDAEvent>();
+      item.copied->record(*copy_stream_);
+      if (!used.empty()) pool_.release(std::move(used), item.copied);
+      item.batch.emplace(std::move(on_device));
+#endif
+    } else {
+      item.batch.emplace(o_.transform ? o_.transform(std::move(batch)) : std::move(batch));
+    }
+  }
+
+  // Stores item s (if any) and, when `end` is given, ends the epoch there.
+  void finish(std::uint64_t s, std::optional<Item> item, std::uint64_t end) {
+    {
+      std::lock_guard guard(mutex_);
+      if (item) ring_[s % window_] = std::move(*item);
+      end_ = std::min(end_, end);
+    }
+    ready_.notify_all();
+    space_.notify_all();
+  }
+
+  source_type source_;
+  Options o_;
+  std::size_t window_ = 1;
+  mutable std::mutex mutex_;
+  std::mutex claim_mutex_;
+  std::condition_variable ready_, space_;
+  std::vector<std::optional<Item>> ring_;
+  std::uint64_t next_task_ = 0, next_out_ = 0, end_ = no_end;
+  bool stop_ = false;
+#if NITRO_WITH_CUDA
+  c10::Device device_{c10::kCPU};
+  std::optional<c10::cuda::CUDAStream> copy_stream_;
+  PinnedPool pool_;
+#endif
+  std::vector<std::thread> threads_;  // last: started after everything they use, joined first
+};
+
+/// A prefetcher over `source` (a callable or a source of data/source.hpp), its Device named:
+///   auto batches = nitro::prefetch<nitro::Cpu>(nitro::from_loader(*loader), {.depth = 4});
+template <DeviceTag Device, class Source>
+Prefetcher<Device, std::decay_t<Source>> prefetch(Source&& source,
+                                                  PrefetchOptions<typename Prefetcher<Device, std::decay_t<Source>>::batch_type> options = {}) {
+  return Prefetcher<Device, std::decay_t<Source>>(std::forward<Source>(source), std::move(options));
+}
+
+}  // namespace nitro

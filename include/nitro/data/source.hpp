@@ -1,0 +1,169 @@
+#pragma once
+// Where a Prefetcher (data/prefetcher.hpp) gets its batches. Every source is read through two steps:
+// `claim()`, called by one worker at a time in batch order, which says what the next batch is (or
+// that the epoch ended), and `produce(ticket)`, which makes it and may run on several workers at
+// once. The prefetcher delivers batches in claim order whatever order the workers finish in.
+//
+//   CallableSource      a callable returning std::optional<Batch> (empty: the epoch ended); read by one
+//                       worker, since each call depends on the last. `nitro::from_callable(f)`, or pass f.
+//   LoaderSource        a torch::data data loader (it has its own workers); `nitro::from_loader(loader)`.
+//   DatasetSource       a torch::data data set and a sampler: the sampler's index batches are claimed in
+//                       order, and the data set's get_batch runs on N workers in parallel, each on its
+//                       own copy of the data set (as torch::data's workers do). `nitro::from_dataset(...)`.
+#include <nitro/core/concepts.hpp>
+#include <nitro/core/error.hpp>
+
+#include <torch/data/datasets/base.h>
+#include <torch/data/samplers/base.h>
+
+#include <atomic>
+#include <concepts>
+#include <cstdint>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace nitro {
+
+/// What a Prefetcher reads: claim() in order (one worker at a time), produce() on any worker.
+/// `parallel` says whether produce() may run on several workers at once.
+template <class S>
+concept PrefetchSource = requires(S& s) {
+  typename S::batch_type;
+  typename S::ticket_type;
+  { s.claim() } -> std::same_as<std::optional<typename S::ticket_type>>;
+  { s.produce(std::declval<typename S::ticket_type&&>()) } -> std::same_as<typename S::batch_type>;
+  { S::parallel } -> std::convertible_to<bool>;
+} && Batch<typename S::batch_type>;
+
+/// A callable returning std::optional<Batch>: the whole work happens in claim(), in order.
+template <BatchSource F>
+class CallableSource {
+ public:
+  using batch_type = source_batch_t<F>;
+  using ticket_type = batch_type;
+  static constexpr bool parallel = false;
+
+  explicit CallableSource(F f) : f_(std::move(f)) {}
+  std::optional<ticket_type> claim() { return std::invoke(f_); }
+  batch_type produce(ticket_type&& batch) { return std::move(batch); }
+
+ private:
+  F f_;
+};
+
+/// A callable as a source: `nitro::from_callable([&]() -> std::optional<at::Tensor> { ... })`.
+template <BatchSource F>
+CallableSource<std::decay_t<F>> from_callable(F&& f) {
+  return CallableSource<std::decay_t<F>>(std::forward<F>(f));
+}
+
+/// A torch::data data loader (stateless or stateful), read one batch at a time from its iterator.
+/// The loader is borrowed: it must outlive the prefetcher.
+template <class Loader>
+class LoaderSource {
+  using Iterator = decltype(std::declval<Loader&>().begin());
+
+ public:
+  using batch_type = std::remove_cvref_t<decltype(*std::declval<Iterator&>())>;
+  using ticket_type = batch_type;
+  static constexpr bool parallel = false;
+  static_assert(Batch<batch_type>,
+                "nitro::LoaderSource: the loader's batches must be a Batch (a tensor, tuple, torch::data::Example, "
+                "a vector of them, or a type with nitro_map_tensors; see core/device.hpp). Map the data set with "
+                "torch::data::transforms::Stack<>() to get an Example of stacked tensors");
+
+  explicit LoaderSource(Loader& loader) : loader_(&loader) {}
+  std::optional<ticket_type> claim() {
+    if (!it_) it_.emplace(loader_->begin());
+    if (*it_ == loader_->end()) return std::nullopt;
+    batch_type b = std::move(**it_);
+    ++*it_;
+    return b;
+  }
+  batch_type produce(ticket_type&& batch) { return std::move(batch); }
+
+ private:
+  Loader* loader_;
+  std::optional<Iterator> it_;
+};
+
+/// A torch::data data loader as a source (borrowed: it must outlive the prefetcher).
+///   auto loader = torch::data::make_data_loader(dataset.map(torch::data::transforms::Stack<>()), 64);
+///   nitro::Prefetcher<nitro::Cuda, nitro::LoaderSource<decltype(*loader)>> p{nitro::from_loader(*loader)};
+template <class Loader>
+LoaderSource<Loader> from_loader(Loader& loader) {
+  return LoaderSource<Loader>(loader);
+}
+
+/// A torch::data data set and a sampler: claim() asks the sampler for the next `batch_size` indices
+/// (in order), produce() calls the data set's get_batch on a worker's own copy of the data set.
+template <class Dataset, class Sampler>
+class DatasetSource {
+ public:
+  using batch_type = typename Dataset::BatchType;
+  using ticket_type = typename Sampler::BatchRequestType;
+  static constexpr bool parallel = true;
+  static_assert(Batch<batch_type>,
+                "nitro::DatasetSource: the data set's get_batch must return a Batch (e.g. map the data set with "
+                "torch::data::transforms::Stack<>(), or return a torch::data::Example of stacked tensors)");
+  static_assert(std::copy_constructible<Dataset>,
+                "nitro::DatasetSource: the data set must be copyable: each worker reads its own copy");
+
+  DatasetSource(Dataset dataset, Sampler sampler, std::size_t batch_size)
+      : dataset_(std::make_shared<Dataset>(std::move(dataset))), sampler_(std::move(sampler)), batch_size_(batch_size) {
+    NITRO_CHECK(batch_size_ > 0, "nitro::DatasetSource: batch_size is 0; give the number of samples per batch");
+    sampler_.reset(dataset_->size());
+  }
+
+  std::optional<ticket_type> claim() { return sampler_.next(batch_size_); }
+
+  /// Runs on a worker: each worker thread has its own copy of the data set.
+  batch_type produce(ticket_type&& indices) {
+    thread_local std::pair<std::uint64_t, std::shared_ptr<Dataset>> mine;
+    if (mine.first != id_ || !mine.second) mine = {id_, std::make_shared<Dataset>(*dataset_)};
+    return mine.second->get_batch(std::move(indices));
+  }
+
+ private:
+  static std::uint64_t next_id() {
+    static std::atomic<std::uint64_t> ids{1};
+    return ids++;
+  }
+
+  std::shared_ptr<Dataset> dataset_;
+  Sampler sampler_;
+  std::size_t batch_size_;
+  std::uint64_t id_ = next_id();  // tells a worker's copy of this source's data set from another's
+};
+
+/// A data set and a sampler as a parallel source:
+///   nitro::from_dataset(images.map(torch::data::transforms::Stack<>()),
+///                       torch::data::samplers::RandomSampler(images.size().value()), 64)
+template <class Dataset, class Sampler>
+DatasetSource<std::decay_t<Dataset>, std::decay_t<Sampler>> from_dataset(Dataset&& dataset, Sampler&& sampler,
+                                                                          std::size_t batch_size) {
+  return {std::forward<Dataset>(dataset), std::forward<Sampler>(sampler), batch_size};
+}
+
+namespace detail {
+template <class S>
+struct as_source {
+  using type = S;
+};
+template <class S>
+  requires(!PrefetchSource<S> && BatchSource<S>)
+struct as_source<S> {
+  using type = CallableSource<S>;
+};
+}  // namespace detail
+
+/// The PrefetchSource a Prefetcher makes of S: S itself, or a CallableSource around a callable.
+template <class S>
+using as_prefetch_source_t = typename detail::as_source<std::decay_t<S>>::type;
+
+}  // namespace nitro
