@@ -13,6 +13,10 @@
 #include <thread>
 #include <vector>
 
+#if NITRO_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -239,5 +243,36 @@ TEST_CASE("on the GPU batches arrive intact and the pinned pool is reused" * nit
   // Ten batches through a window of four: buffers came back and were used again.
   CHECK(p.pinned_pool().reused() > 0);
   CHECK(p.pinned_pool().allocated() <= 4);
+#endif
+}
+
+TEST_CASE("on the GPU the copies run while the consumer's stream is busy" * nitro::test::needs_gpu()) {
+#if NITRO_WITH_CUDA
+  // Timeline by events: the consumer's stream gets a long kernel; the prefetcher's copy of the next
+  // batch completes on its copy stream before that kernel ends.
+  auto host = torch::rand({16 << 20});  // 64 MB
+  std::atomic<bool> go{false};
+  auto p = nitro::prefetch<nitro::Cuda>(
+      [&, n = 0]() mutable -> std::optional<at::Tensor> {
+        if (n++ == 2) return std::nullopt;
+        if (n == 2)
+          while (!go) std::this_thread::sleep_for(100us);  // the second copy starts after the kernel
+        return host;
+      },
+      {.depth = 2});
+  auto first = p.next();
+  REQUIRE(first.has_value());
+  auto a = torch::randn({4096, 4096}, torch::TensorOptions().device(torch::kCUDA));
+  at::cuda::CUDAEvent kernel_done;
+  auto x = a;
+  for (int i = 0; i < 40; ++i) x = torch::mm(x, a).mul_(1e-4);  // hundreds of ms on the consumer's stream
+  kernel_done.record(c10::cuda::getCurrentCUDAStream());
+  go = true;
+  auto second = p.next();
+  REQUIRE(second.has_value());
+  p.copy_stream().synchronize();     // the second batch's copy is done ...
+  CHECK_FALSE(kernel_done.query());  // ... while the consumer's kernel is still running
+  CHECK(torch::equal(second->cpu(), host));
+  c10::cuda::device_synchronize();
 #endif
 }

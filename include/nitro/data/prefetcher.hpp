@@ -156,6 +156,8 @@ class Prefetcher {
   }
 #if NITRO_WITH_CUDA
   [[nodiscard]] const PinnedPool& pinned_pool() const noexcept { return pool_; }
+  /// Prefetcher<Cuda>: the stream the copies (and the transform) run on.
+  [[nodiscard]] c10::cuda::CUDAStream copy_stream() const { return *copy_stream_; }
 #endif
 
  private:
