@@ -4,6 +4,7 @@
 #   make test            dependencies, configure (preset dev), build into build/, run every test
 #   make demo            dependencies, build, run the levels demo (examples/levels.cpp, release build)
 #   make test PRESET=asan     the same with another preset: release, asan, tsan (build-<preset>/)
+#   make plot            draw the metrics files of the last `make demo` into a PNG
 #   make bench           release build of bench/ only, run every benchmark
 #   make clean
 PRESET ?= dev
@@ -11,7 +12,7 @@ JOBS ?= $(shell nproc)
 BUILD := $(if $(filter dev,$(PRESET)),build,build-$(PRESET))
 DEPS := build/deps.cmake
 
-.PHONY: test demo bench build configure deps clean
+.PHONY: test demo plot bench build configure deps clean
 .DEFAULT_GOAL := test
 
 deps:
@@ -28,11 +29,20 @@ build: configure
 test: build
 	ctest --preset $(PRESET) -j $(JOBS)
 
-# The demo measures speed, so it is built optimised whatever PRESET says.
+# The demo measures speed, so it is built optimised whatever PRESET says. It writes each level's
+# metrics to build-release/demo-metrics/ and draws them (make plot) when matplotlib is there.
 demo:
 	$(MAKE) configure PRESET=release
 	cmake --build --preset release -j $(JOBS) --target levels
-	build-release/examples/levels
+	build-release/examples/levels --metrics build-release/demo-metrics
+	@$(MAKE) --no-print-directory plot || echo "make demo: no plot drawn (see above); the metrics files are written"
+
+# Draws the metrics of the last `make demo` (bench/plot_metrics.py, with the python cmake/deps.sh found).
+plot:
+	@py=$$(sed -n 's/^set(NITRO_PYTHON "\(.*\)" CACHE.*/\1/p' $(DEPS) 2>/dev/null); \
+	  "$${py:-python3}" bench/plot_metrics.py build-release/demo-metrics/*.jsonl \
+	    -o build-release/demo-metrics/metrics.png --title "make demo: the three levels (CPU)" && \
+	  echo "drew build-release/demo-metrics/metrics.png"
 
 bench:
 	$(MAKE) configure PRESET=release

@@ -86,6 +86,12 @@ if [ -z "$torch_prefix" ]; then
   torch_prefix=$p
   torch_python=$venv/bin/python
   say "LibTorch $v from $venv"
+  # matplotlib, for bench/plot_metrics.py (and its test): into our own environment only, and optional.
+  if ! "$venv/bin/python" -c "import matplotlib" 2>/dev/null; then
+    say "installing matplotlib into $venv (for bench/plot_metrics.py)"
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q matplotlib >&2 ||
+      say "note: pip install matplotlib failed; plot_metrics.py and its test will be skipped"
+  fi
 fi
 
 # ---- doctest, GSL, zlib -------------------------------------------------------------------------------

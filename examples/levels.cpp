@@ -1,14 +1,17 @@
 // The levels demo (make demo): the quickstart's CNN on nitro::data::SyntheticImages, trained with a
 // plain LibTorch loop and with each optimization level, in one table: samples/s, peak memory,
-// final training loss, test accuracy.
+// final training loss, test accuracy. Each level runs with monitor::Phases and a progress bar, prints
+// its phase report and bottleneck advice, and writes its metrics (every 10 steps) to
+// <metrics>/<level>.jsonl and .csv, which bench/plot_metrics.py draws.
 //
-//   build/examples/levels [--epochs 2] [--samples 8192] [--batch 64]
+//   build/examples/levels [--epochs 2] [--samples 8192] [--batch 64] [--metrics DIR]
 #include <nitro/nitro.hpp>
 
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <string_view>
 
@@ -23,11 +26,13 @@ struct Args {
   int epochs = 2;
   std::int64_t samples = 8192;
   std::int64_t batch = 64;
+  std::string metrics = "demo-metrics";
 };
 
 struct Row {
   std::string name;
   double samples_per_s = 0, peak_mb = 0, final_loss = 0, accuracy = 0;
+  std::string report;  // the monitor's summary and advice (levels only)
 };
 
 torch::nn::Sequential cnn() {
@@ -48,14 +53,17 @@ class PeakMemory {
 #endif
     if (!gpu_) cpu_.emplace();
   }
-  double megabytes() const {
+  double megabytes() const { return static_cast<double>(bytes().second) / 1048576.0; }
+  /// Live and peak tensor bytes.
+  std::pair<std::int64_t, std::int64_t> bytes() const {
 #if NITRO_WITH_CUDA
     if (gpu_) {
       const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
-      return static_cast<double>(stats.allocated_bytes[0].peak) / 1048576.0;
+      return {stats.allocated_bytes[0].current, stats.allocated_bytes[0].peak};
     }
 #endif
-    return static_cast<double>(cpu_->stats().peak_bytes) / 1048576.0;
+    const auto s = cpu_->stats();
+    return {s.live_bytes, s.peak_bytes};
   }
 
  private:
@@ -63,10 +71,11 @@ class PeakMemory {
   std::optional<nitro::memory::ScopedCpuTracking> cpu_;
 };
 
-// Trains `model` for the epochs with `step(x, y) -> loss tensor` per micro-batch of `batch` samples.
-template <class Step, class Flush>
+// Trains `model` for the epochs with `step(x, y) -> loss tensor` per micro-batch of `batch` samples;
+// `watch(loss, memory)` after each step.
+template <class Step, class Flush, class Watch>
 Row train(const std::string& name, torch::nn::Sequential& model, const Args& args, std::int64_t batch, Step&& step,
-          Flush&& flush) {
+          Flush&& flush, Watch&& watch) {
   const bool gpu = nitro::Cuda::available();
   const c10::Device device = gpu ? nitro::Cuda::device() : nitro::Cpu::device();
   nitro::data::SyntheticImages train_set{{.size = args.samples, .noise = 8.0}};
@@ -84,8 +93,10 @@ Row train(const std::string& name, torch::nn::Sequential& model, const Args& arg
     const auto start = std::chrono::steady_clock::now();
     for (auto& b : *loader) {
       const auto x = b.data.to(device), y = b.target.to(device);
-      loss_sum += step(x, y).detach() * x.size(0);
+      const auto loss = step(x, y).detach();
+      loss_sum += loss * x.size(0);
       seen += x.size(0);
+      watch(loss, peak);
     }
     flush();
     row.final_loss = loss_sum.item<double>() / static_cast<double>(seen);  // synchronises
@@ -100,15 +111,47 @@ Row train(const std::string& name, torch::nn::Sequential& model, const Args& arg
   return row;
 }
 
-template <class Loop>
-Row train_level(const std::string& name, const Args& args, std::int64_t micro_batch, typename Loop::Options options) {
+// A level, with monitor::Phases added, a progress bar and metric files.
+template <class Level>
+Row train_level(const std::string& name, const std::string& file, const Args& args, std::int64_t micro_batch,
+                typename Level::Options level_options) {
+  using Loop = nitro::level::with<Level, nitro::monitor::Phases>;
   const bool gpu = nitro::Cuda::available();
   auto model = cnn();
   model->to(gpu ? nitro::Cuda::device() : nitro::Cpu::device());
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
-  nitro::hw::ScopedSettings hw{nitro::level::hardware<Loop>()};
+  nitro::hw::ScopedSettings hw{nitro::level::hardware<Level>()};
+  typename Loop::Options options;
+  options.amp = level_options.amp;
+  options.accumulate = level_options.accumulate;
+  options.checkpoint = level_options.checkpoint;
+  options.clip = level_options.clip;
   Loop loop{model, optimizer, options};
-  return train(
+
+  const std::int64_t steps = args.epochs * ((args.samples + micro_batch - 1) / micro_batch);
+  nitro::monitor::ProgressBar bar{{.total = steps, .desc = name, .loss_every = 10}};
+  std::filesystem::create_directories(args.metrics);
+  nitro::monitor::Sinks sinks{nitro::monitor::JsonLinesSink{std::filesystem::path(args.metrics) / (file + ".jsonl")},
+                              nitro::monitor::CsvSink{std::filesystem::path(args.metrics) / (file + ".csv")}};
+  const auto start = std::chrono::steady_clock::now();
+  auto last = start;
+  std::int64_t step = 0;
+  constexpr std::int64_t kEvery = 10;  // a metrics row (and one .item()) every 10 steps
+  auto watch = [&](const at::Tensor& loss, const PeakMemory& memory) {
+    bar.update(1, loss);
+    if (++step % kEvery != 0) return;
+    const auto now = std::chrono::steady_clock::now();
+    const auto [live, peak] = memory.bytes();
+    sinks.write({.step = step,
+                 .time_s = std::chrono::duration<double>(now - start).count(),
+                 .loss = loss.item<double>(),
+                 .lr = optimizer.param_groups()[0].options().get_lr(),
+                 .samples_per_s = static_cast<double>(kEvery * micro_batch) / std::chrono::duration<double>(now - last).count(),
+                 .memory_bytes = live,
+                 .peak_memory_bytes = peak});
+    last = now;
+  };
+  Row row = train(
       name, model, args, micro_batch,
       [&](const at::Tensor& x, const at::Tensor& y) {
         return loop
@@ -116,7 +159,11 @@ Row train_level(const std::string& name, const Args& args, std::int64_t micro_ba
                   [](auto& forward, const auto& b) { return torch::cross_entropy_loss(forward(b.first), b.second); })
             .loss;
       },
-      [&] { loop.flush(); });
+      [&] { loop.flush(); }, watch);
+  bar.close();
+  const auto summary = nitro::monitor::summarize(loop.monitor());
+  row.report = nitro::monitor::format(summary) + "advice:\n" + nitro::monitor::format(nitro::monitor::bottlenecks(summary));
+  return row;
 }
 
 Args parse(int argc, char** argv) {
@@ -126,7 +173,8 @@ Args parse(int argc, char** argv) {
     if (arg == "--epochs") a.epochs = std::stoi(argv[i + 1]);
     else if (arg == "--samples") a.samples = std::stoll(argv[i + 1]);
     else if (arg == "--batch") a.batch = std::stoll(argv[i + 1]);
-    else nitro::detail::fail("levels: unknown option ", arg, "; use --epochs, --samples, --batch");
+    else if (arg == "--metrics") a.metrics = argv[i + 1];
+    else nitro::detail::fail("levels: unknown option ", arg, "; use --epochs, --samples, --batch, --metrics");
   }
   NITRO_CHECK(a.epochs >= 1 && a.samples >= 1 && a.batch >= 2 && a.batch % 2 == 0,
               "levels: epochs and samples must be >= 1, batch an even number >= 2");
@@ -155,15 +203,15 @@ int main(int argc, char** argv) try {
           optimizer.step();
           return loss;
         },
-        [] {});
+        [] {}, [](const at::Tensor&, const PeakMemory&) {});
   };
   plain({.epochs = 1, .samples = 1024, .batch = args.batch});  // warm-up: thread pools, kernels, allocator
   std::vector<Row> rows;
   rows.push_back(plain(args));
-  rows.push_back(train_level<nitro::level::Basic>("level::Basic", args, args.batch, {}));
-  rows.push_back(train_level<nitro::level::Advanced>("level::Advanced (bf16)", args, args.batch, {}));
+  rows.push_back(train_level<nitro::level::Basic>("level::Basic", "basic", args, args.batch, {}));
+  rows.push_back(train_level<nitro::level::Advanced>("level::Advanced (bf16)", "advanced", args, args.batch, {}));
   rows.push_back(train_level<nitro::level::Ultra>(
-      "level::Ultra (bf16, 2x" + std::to_string(args.batch / 2) + " accum, sqrt ckpt, clip)", args, args.batch / 2,
+      "level::Ultra (bf16, 2x" + std::to_string(args.batch / 2) + " accum, sqrt ckpt, clip)", "ultra", args, args.batch / 2,
       {.accumulate = nitro::accumulate::Dynamic::for_batch(args.batch, args.batch / 2), .clip = {.max_norm = 5.0}}));
 
   std::printf("%-52s %10s %9s %11s %14s\n", "configuration", "samples/s", "peak MB", "final loss", "test accuracy");
@@ -172,6 +220,13 @@ int main(int argc, char** argv) try {
                 r.accuracy);
   std::printf("peak MB: the most tensor memory live at once during training (%s)\n",
               gpu ? "CUDA caching allocator" : "CPU tensors, nitro::memory::ScopedCpuTracking");
+  for (const auto& r : rows) {
+    if (r.report.empty()) continue;
+    std::printf("\n%s, monitor::Phases (per micro-batch step):\n%s", r.name.c_str(), r.report.c_str());
+  }
+  std::printf("\nmetrics (a row every 10 steps): %s/{basic,advanced,ultra}.{jsonl,csv}; plot them with\n"
+              "  python3 bench/plot_metrics.py %s/*.jsonl -o metrics.png\n",
+              args.metrics.c_str(), args.metrics.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "levels: %s\n", e.what());

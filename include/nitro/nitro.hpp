@@ -11,6 +11,8 @@
 
 #include <nitro/hw/settings.hpp>
 
+#include <nitro/memory/batch_size.hpp>
+#include <nitro/memory/monitor.hpp>
 #include <nitro/memory/tracking_allocator.hpp>
 
 #include <nitro/train/accumulate.hpp>
@@ -36,3 +38,8 @@
 #include <nitro/data/prefetcher.hpp>
 #include <nitro/data/source.hpp>
 #include <nitro/data/synthetic.hpp>
+
+#include <nitro/monitor/phases.hpp>
+#include <nitro/monitor/progress.hpp>
+#include <nitro/monitor/report.hpp>
+#include <nitro/monitor/sinks.hpp>

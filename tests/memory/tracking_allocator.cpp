@@ -42,3 +42,26 @@ TEST_CASE("scopes restore the previous allocator, and memory freed after the sco
   survivor = at::Tensor{};  // freed through the tracker's context after the tracker is gone
   CHECK_FALSE(survivor.defined());
 }
+
+TEST_CASE("a byte budget refuses an allocation over it with c10::OutOfMemoryError and counts nothing for it") {
+  nitro::memory::ScopedCpuTracking track{{.budget_bytes = 10000}};
+  const auto a = torch::empty({2000}, torch::kFloat);  // 8000 bytes
+  CHECK_THROWS_WITH_AS(torch::empty({1000}, torch::kFloat), doctest::Contains("out of memory"), c10::OutOfMemoryError);
+  CHECK(track.stats().live_bytes == 8000);
+  CHECK(track.stats().refused == 1);
+  const auto b = torch::empty({500}, torch::kFloat);  // 2000 bytes: exactly at the budget
+  CHECK(track.stats().live_bytes == 10000);
+  track.set_budget(0);  // no budget
+  const auto c = torch::empty({1000}, torch::kFloat);
+  CHECK(track.stats().live_bytes == 14000);
+  CHECK_THROWS_AS(track.set_budget(-1), nitro::Error);
+}
+
+TEST_CASE("the out-of-memory error of a budget keeps its type through autograd's backward") {
+  auto w = torch::randn({256, 256}, torch::requires_grad());
+  const auto x = torch::randn({512, 256});
+  nitro::memory::ScopedCpuTracking track;
+  auto loss = torch::relu(x.matmul(w)).matmul(w).sum();
+  track.set_budget(track.stats().live_bytes + 4096);  // backward needs far more
+  CHECK_THROWS_AS(loss.backward(), c10::OutOfMemoryError);
+}

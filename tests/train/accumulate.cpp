@@ -104,3 +104,105 @@ TEST_CASE("flush() steps on a partial window as the mean over its micro-batches,
   CHECK(nitro::accumulate::Dynamic::for_batch(256, 32).steps == 8);
   CHECK_THROWS_AS(nitro::accumulate::Dynamic::for_batch(100, 32), nitro::Error);
 }
+
+// ---- accumulate::Adaptive ---------------------------------------------------------------------------
+
+#include <nitro/memory/tracking_allocator.hpp>
+
+namespace {
+
+torch::nn::Sequential wide_mlp() {
+  torch::manual_seed(3);
+  // Wide activations, small weights: the activations of a batch are most of a step's memory.
+  return torch::nn::Sequential(torch::nn::Linear(32, 4096), torch::nn::Functional(torch::relu), torch::nn::Linear(4096, 10));
+}
+
+struct Classification {
+  at::Tensor x, y;
+  explicit Classification(std::int64_t rows, std::int64_t seed) {
+    auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
+    x = torch::randn({rows, 32}, g);
+    y = torch::randint(0, 10, {rows}, g);
+  }
+};
+
+using AdaptiveLoop = nitro::TrainingLoop<nitro::amp::Off, nitro::accumulate::Adaptive>;
+
+// Runs `steps` steps of batch 256 with Adaptive and returns the parameters; `budget` 0: none.
+std::vector<at::Tensor> train_adaptive(std::int64_t steps, std::int64_t initial_split, std::int64_t budget,
+                                       std::int64_t* peak = nullptr, std::vector<nitro::accumulate::Adaptive::SplitEvent>* events = nullptr,
+                                       std::int64_t* split = nullptr) {
+  auto model = wide_mlp();
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  std::vector<at::Tensor> out;
+  {
+    nitro::memory::ScopedCpuTracking track{{.budget_bytes = budget}};
+    AdaptiveLoop::Options options;
+    options.accumulate.initial_split = initial_split;
+    if (events != nullptr) options.accumulate.on_split = [events](const auto& e) { events->push_back(e); };
+    AdaptiveLoop loop{model, opt, options};
+    for (std::int64_t s = 0; s < steps; ++s) {
+      const Classification d(256, 100 + s);
+      const auto r = loop.step(std::make_pair(d.x, d.y), [&](const auto& b) {
+        return torch::cross_entropy_loss(model->forward(b.first), b.second);
+      });
+      CHECK(r.stepped);
+    }
+    if (peak != nullptr) *peak = track.stats().peak_bytes;
+    if (split != nullptr) *split = loop.split();
+  }
+  for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Adaptive splits a batch that runs out of memory and reaches the parameters of an unconstrained run") {
+  std::int64_t peak_whole = 0, peak_halves = 0;
+  const auto whole = train_adaptive(3, 1, 0, &peak_whole);
+  const auto halves = train_adaptive(3, 2, 0, &peak_halves);
+  REQUIRE(peak_halves < peak_whole);  // halving the batch halves the activations
+  for (size_t i = 0; i < whole.size(); ++i) CHECK(torch::allclose(whole[i], halves[i], 1e-5, 1e-6));
+
+  // A budget between the two peaks: the whole batch runs out of memory, halves fit.
+  std::vector<nitro::accumulate::Adaptive::SplitEvent> events;
+  std::int64_t split = 0;
+  const auto constrained = train_adaptive(3, 1, (peak_whole + peak_halves) / 2, nullptr, &events, &split);
+  CHECK(split == 2);
+  REQUIRE(events.size() == 1);  // remembered: later steps start split
+  CHECK(events[0].previous_split == 1);
+  CHECK(events[0].split == 2);
+  CHECK(events[0].batch_rows == 256);
+  CHECK(events[0].reason.find("out of memory") != std::string::npos);
+  for (size_t i = 0; i < whole.size(); ++i) CHECK(torch::allclose(whole[i], constrained[i], 1e-5, 1e-6));
+  CHECK_FALSE(torch::allclose(whole[0], wide_mlp()->parameters()[0]));  // it did train
+}
+
+TEST_CASE("Adaptive passes the out-of-memory error on past max_split and leaves no partial gradients") {
+  auto model = wide_mlp();
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05));
+  const auto before = model->parameters()[0].detach().clone();
+  const Classification d(256, 7);
+  nitro::memory::ScopedCpuTracking track{{.budget_bytes = 64 * 1024}};  // far too small for any split
+  AdaptiveLoop loop{model, opt, {.accumulate = {.max_split = 4}}};
+  CHECK_THROWS_AS(loop.step(std::make_pair(d.x, d.y),
+                            [&](const auto& b) { return torch::cross_entropy_loss(model->forward(b.first), b.second); }),
+                  c10::OutOfMemoryError);
+  CHECK(loop.split() == 4);
+  CHECK(loop.splits_made() == 2);
+  for (const auto& p : model->parameters()) CHECK_FALSE(p.grad().defined());
+  CHECK(torch::equal(model->parameters()[0], before));  // the optimizer never stepped
+}
+
+TEST_CASE("Adaptive bad input") {
+  auto model = wide_mlp();
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05));
+  CHECK_THROWS_WITH_AS((AdaptiveLoop{model, opt, {.accumulate = {.initial_split = 0}}}),
+                       doctest::Contains("initial_split must be >= 1"), nitro::Error);
+  CHECK_THROWS_WITH_AS((AdaptiveLoop{model, opt, {.accumulate = {.initial_split = 4, .max_split = 2}}}),
+                       doctest::Contains("max_split"), nitro::Error);
+  AdaptiveLoop loop{model, opt};
+  const auto scalar = torch::tensor(1.0);
+  CHECK_THROWS_WITH_AS(loop.step(scalar, [&](const at::Tensor& x) { return model->forward(torch::ones({1, 32}) * x).sum(); }),
+                       doctest::Contains("dimension 0"), nitro::Error);
+}

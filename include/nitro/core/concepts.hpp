@@ -9,8 +9,11 @@
 //                      that provides the customization point `nitro_map_tensors` (core/device.hpp)
 //   BatchSource        a callable returning std::optional<Batch>; empty means the epoch ended
 //   Policy             what every policy has: a name, a family, `enabled`, a nested Options aggregate
-//   AmpPolicy, AccumulationPolicy, CheckpointPolicy, ClipPolicy, EvictionPolicy
+//   AmpPolicy, AccumulationPolicy, CheckpointPolicy, ClipPolicy, EvictionPolicy, MonitorPolicy
 //                      a Policy of that family (plus the family's own pieces)
+//   monitor::Off       the monitor policy that records nothing (here, so that the training loop
+//                      names its default without depending on monitor/; monitor::Phases is in
+//                      monitor/phases.hpp)
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -137,6 +140,7 @@ struct Accumulation {};
 struct Checkpoint {};
 struct Clip {};
 struct Eviction {};
+struct Monitor {};
 }  // namespace family
 
 /// The policy has a name for reports and messages: `static constexpr std::string_view name`.
@@ -177,6 +181,51 @@ concept CheckpointPolicy = Policy<P> && OfFamily<P, family::Checkpoint>;
 /// Gradient clipping (train/clip.hpp).
 template <class P>
 concept ClipPolicy = Policy<P> && OfFamily<P, family::Clip>;
+
+/// The phases of a training step a monitor times, in the order they happen.
+enum class Phase : int {
+  /// On the host, from the end of one step to the start of the next: the data loader's next(), and
+  /// whatever else the caller does between steps.
+  data = 0,
+  forward = 1,
+  backward = 2,
+  /// Unscaling, clipping, the optimizer step and zeroing the gradients (zero on micro-batches that
+  /// do not step).
+  optimizer = 3,
+};
+inline constexpr int phase_count = 4;
+
+/// What a monitor policy's Recorder is told by the training loop, in this order on every step:
+/// begin_step(), mark(Phase::forward), mark(Phase::backward), mark(Phase::optimizer),
+/// end_step(samples). It is made from the policy's Options and the device of the model.
+template <class R>
+concept PhaseRecorder = requires(R& r, Phase phase, std::int64_t samples) {
+  r.begin_step();
+  r.mark(phase);
+  r.end_step(samples);
+};
+/// Monitoring (monitor/phases.hpp): a Policy of the Monitor family with a `Recorder` the loop owns.
+template <class P>
+concept MonitorPolicy = Policy<P> && OfFamily<P, family::Monitor> && requires { typename P::Recorder; } &&
+                        std::constructible_from<typename P::Recorder, const typename P::Options&, c10::DeviceType> &&
+                        PhaseRecorder<typename P::Recorder>;
+
+namespace monitor {
+/// Records nothing and costs nothing: the loop never calls it (`enabled` is false).
+struct Off {
+  using family = nitro::family::Monitor;
+  static constexpr std::string_view name = "off";
+  static constexpr bool enabled = false;
+  struct Options {};
+  struct Recorder {
+    Recorder(const Options&, c10::DeviceType) noexcept {}
+    void begin_step() noexcept {}
+    void mark(Phase) noexcept {}
+    void end_step(std::int64_t) noexcept {}
+  };
+};
+}  // namespace monitor
+static_assert(MonitorPolicy<monitor::Off>);
 
 /// The bookkeeping an eviction policy keeps for a cache of Key. The cache gives each resident entry a
 /// dense slot (a std::uint32_t) and tells the evictor of every insert (with the entry's weight in

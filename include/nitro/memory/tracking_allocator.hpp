@@ -8,12 +8,20 @@
 //
 // Counts what goes through c10::GetCPUAllocator() (CPU tensors); pinned host memory and GPU memory
 // are not counted here. Allocations made before the scope and freed inside it are not subtracted.
+//
+// With a byte budget, an allocation that would take the live bytes over it throws
+// c10::OutOfMemoryError, as the CUDA caching allocator does when the device is full: memory work (the
+// batch-size finder, accumulate::Adaptive) runs and is tested on the CPU as it would on a GPU.
+//
+//   nitro::memory::ScopedCpuTracking track{{.budget_bytes = 64_MiB}};
 #include <nitro/core/error.hpp>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -31,6 +39,14 @@ struct AllocationStats {
   std::int64_t allocated_bytes = 0;
   std::int64_t allocations = 0;
   std::int64_t frees = 0;
+  /// Allocations refused because they would have gone over the budget.
+  std::int64_t refused = 0;
+};
+
+/// What a TrackingAllocator counts against.
+struct TrackingOptions {
+  /// Live bytes allowed at once; an allocation over it throws c10::OutOfMemoryError. 0: no budget.
+  std::int64_t budget_bytes = 0;
 };
 
 /// Wraps another allocator and counts its allocations. Thread-safe; the counters outlive the
@@ -41,15 +57,34 @@ struct AllocationStats {
 /// a mutex: one lock per allocation and per free. A measuring tool, not for the training hot path.
 class TrackingAllocator final : public c10::Allocator {
  public:
-  explicit TrackingAllocator(c10::Allocator* base) : base_(base), counters_(std::make_shared<Counters>()) {
+  explicit TrackingAllocator(c10::Allocator* base, TrackingOptions options = {})
+      : base_(base), counters_(std::make_shared<Counters>()) {
     NITRO_CHECK(base_ != nullptr, "TrackingAllocator: the allocator to wrap is null");
+    set_budget(options.budget_bytes);
   }
 
   c10::DataPtr allocate(std::size_t bytes) override {
-    auto inner = base_->allocate(bytes);
-    void* data = inner.get();
-    if (data == nullptr) return inner;  // empty: nothing to count
     const auto n = static_cast<std::int64_t>(bytes);
+    // Reserve first, so concurrent allocations cannot pass the budget together.
+    const auto live = counters_->live.fetch_add(n, std::memory_order_relaxed) + n;
+    const auto budget = counters_->budget.load(std::memory_order_relaxed);
+    if (budget > 0 && live > budget && n > 0) [[unlikely]] {
+      counters_->live.fetch_sub(n, std::memory_order_relaxed);
+      counters_->refused.fetch_add(1, std::memory_order_relaxed);
+      refuse(n, live - n, budget);
+    }
+    c10::DataPtr inner;
+    try {
+      inner = base_->allocate(bytes);
+    } catch (...) {
+      counters_->live.fetch_sub(n, std::memory_order_relaxed);
+      throw;
+    }
+    void* data = inner.get();
+    if (data == nullptr) {  // empty: nothing to count
+      counters_->live.fetch_sub(n, std::memory_order_relaxed);
+      return inner;
+    }
     const auto device = inner.device();
     const auto deleter = inner.get_deleter();
     void* context = inner.release_context();
@@ -58,7 +93,6 @@ class TrackingAllocator final : public c10::Allocator {
       std::lock_guard<std::mutex> lock(t.mutex);
       t.blocks[data] = Block{context, deleter, n, counters_};
     }
-    const auto live = counters_->live.fetch_add(n, std::memory_order_relaxed) + n;
     auto peak = counters_->peak.load(std::memory_order_relaxed);
     while (live > peak && !counters_->peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
     }
@@ -71,17 +105,31 @@ class TrackingAllocator final : public c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
   AllocationStats stats() const noexcept {
-    return {counters_->live.load(), counters_->peak.load(), counters_->allocated.load(), counters_->allocations.load(),
-            counters_->frees.load()};
+    return {counters_->live.load(),        counters_->peak.load(),  counters_->allocated.load(),
+            counters_->allocations.load(), counters_->frees.load(), counters_->refused.load()};
   }
   /// Starts a new peak from what is live now.
   void reset_peak() noexcept { counters_->peak.store(counters_->live.load()); }
+  /// Live bytes allowed from now on (0: no budget). Lowering it below what is live refuses the
+  /// next allocation, frees nothing.
+  void set_budget(std::int64_t bytes) {
+    NITRO_CHECK(bytes >= 0, "TrackingAllocator: budget_bytes must be >= 0 (0 means no budget), got ", bytes);
+    counters_->budget.store(bytes);
+  }
+  std::int64_t budget() const noexcept { return counters_->budget.load(); }
   c10::Allocator* base() const noexcept { return base_; }
 
  private:
   struct Counters {
-    std::atomic<std::int64_t> live{0}, peak{0}, allocated{0}, allocations{0}, frees{0};
+    std::atomic<std::int64_t> live{0}, peak{0}, allocated{0}, allocations{0}, frees{0}, refused{0}, budget{0};
   };
+
+  [[noreturn, gnu::cold, gnu::noinline]] static void refuse(std::int64_t bytes, std::int64_t live, std::int64_t budget) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "nitro::memory::TrackingAllocator: out of memory: tried to allocate ",
+                     bytes, " bytes with ", live, " bytes live of a budget of ", budget,
+                     " bytes (a CPU byte budget set by ScopedCpuTracking or set_budget)");
+    std::abort();  // not reached: TORCH_CHECK_WITH throws
+  }
   struct Block {
     void* context;  // the wrapped allocator's, freed with its deleter
     c10::DeleterFnPtr deleter;
@@ -119,7 +167,8 @@ class TrackingAllocator final : public c10::Allocator {
 /// was there. Scopes nest (the inner one counts what the outer one also counts).
 class ScopedCpuTracking {
  public:
-  ScopedCpuTracking() : previous_(c10::GetCPUAllocator()), tracker_(previous_) {
+  explicit ScopedCpuTracking(TrackingOptions options = {})
+      : previous_(c10::GetCPUAllocator()), tracker_(previous_, options) {
     c10::SetCPUAllocator(&tracker_, kPriority);
   }
   ScopedCpuTracking(const ScopedCpuTracking&) = delete;
@@ -128,6 +177,9 @@ class ScopedCpuTracking {
 
   AllocationStats stats() const noexcept { return tracker_.stats(); }
   void reset_peak() noexcept { tracker_.reset_peak(); }
+  /// See TrackingAllocator::set_budget.
+  void set_budget(std::int64_t bytes) { tracker_.set_budget(bytes); }
+  std::int64_t budget() const noexcept { return tracker_.budget(); }
 
  private:
   // SetCPUAllocator ignores a lower priority than the one in force; the highest always applies.

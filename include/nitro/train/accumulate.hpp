@@ -6,6 +6,13 @@
 //   accumulate::Fixed<N>    N micro-batches per step, known at compile time.
 //   accumulate::Dynamic     N chosen at run time: Options{.steps = N}, or for_batch(effective, micro);
 //                           TrainingLoop::set_accumulation_steps changes it between steps.
+//   accumulate::Adaptive    every step() is one optimizer step over the batch it is given; when the
+//                           forward or backward runs out of memory (c10::OutOfMemoryError), the loop
+//                           drops the partial gradients, splits the batch in two parts (then four...)
+//                           and accumulates over them: the same update (losses weighted by part size),
+//                           less activation memory. The split is kept for later steps and reported
+//                           (TrainingLoop::split(), Options::on_split). For batches whose size you do not
+//                           know fits: after a model change, on a shared GPU, with variable-size inputs.
 //
 // Unscaling (fp16) and clipping happen once per optimizer step. TrainingLoop::flush() steps on a
 // partial window at the end of an epoch, rescaled so it is the mean over the micro-batches it had.
@@ -13,6 +20,8 @@
 #include <nitro/core/error.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <string_view>
 
 namespace nitro::accumulate {
@@ -61,6 +70,49 @@ struct Dynamic {
   }
 };
 
-static_assert(AccumulationPolicy<Off> && AccumulationPolicy<Fixed<4>> && AccumulationPolicy<Dynamic>);
+/// One optimizer step per step() call; the batch is split into parts when memory runs out.
+struct Adaptive {
+  using family = nitro::family::Accumulation;
+  static constexpr std::string_view name = "adaptive";
+  static constexpr bool enabled = true;
+  /// The loop splits its batch on c10::OutOfMemoryError (the trait the loop checks).
+  static constexpr bool splits_on_oom = true;
+
+  /// What the loop reports when it splits.
+  struct SplitEvent {
+    std::int64_t previous_split = 1;
+    std::int64_t split = 2;
+    /// Rows (size of dimension 0) of the batch that ran out of memory.
+    std::int64_t batch_rows = 0;
+    /// The out-of-memory message.
+    std::string reason;
+  };
+  struct Options {
+    /// Parts to start with, >= 1 (e.g. a split remembered from an earlier run).
+    std::int64_t initial_split = 1;
+    /// The most parts a batch may be split into, >= initial_split; 0: one row per part at most.
+    /// Past it the out-of-memory error reaches the caller.
+    std::int64_t max_split = 0;
+    /// Called on each split, e.g. to log it. Optional.
+    std::function<void(const SplitEvent&)> on_split;
+  };
+  static std::int64_t steps(const Options& o) {
+    NITRO_CHECK(o.initial_split >= 1, "accumulate::Adaptive: initial_split must be >= 1, got ", o.initial_split);
+    NITRO_CHECK(o.max_split == 0 || o.max_split >= o.initial_split, "accumulate::Adaptive: max_split (", o.max_split,
+                ") must be 0 (no limit) or >= initial_split (", o.initial_split, ")");
+    return 1;
+  }
+};
+
+static_assert(AccumulationPolicy<Off> && AccumulationPolicy<Fixed<4>> && AccumulationPolicy<Dynamic> &&
+              AccumulationPolicy<Adaptive>);
 
 }  // namespace nitro::accumulate
+
+namespace nitro::detail {
+/// The accumulation policy splits the batch on running out of memory (accumulate::Adaptive).
+template <class A>
+concept SplitsOnOom = requires {
+  requires static_cast<bool>(A::splits_on_oom);
+};
+}  // namespace nitro::detail

@@ -18,6 +18,8 @@
 //   plain loop 3166 samples/s, 17.0 MB peak;  Basic 3523 samples/s, 17.3 MB, same loss and accuracy;
 //   Advanced 509 samples/s, 15.0 MB (no bf16 arithmetic on that CPU);  Ultra 289 samples/s, 5.9 MB.
 //   bench_loop_overhead: Basic / hand-written loop = 0.998 (goal <= 1.02). Not yet measured on a GPU.
+//
+// Add a policy to a level with `level::with`: `level::with<level::Advanced, monitor::Phases>`.
 #include <nitro/hw/settings.hpp>
 #include <nitro/train/training_loop.hpp>
 
@@ -28,6 +30,19 @@ namespace nitro::level {
 using Basic = TrainingLoop<amp::Off, accumulate::Off, checkpoint::Off>;
 using Advanced = TrainingLoop<amp::Bf16, accumulate::Off, checkpoint::Off>;
 using Ultra = TrainingLoop<amp::Bf16, accumulate::Dynamic, checkpoint::Sqrt, clip::Norm>;
+
+namespace detail {
+template <class Loop, class... More>
+struct with_policies;
+template <class A, class B, class C, class... Extras, class... More>
+struct with_policies<TrainingLoop<A, B, C, Extras...>, More...> {
+  using type = TrainingLoop<A, B, C, Extras..., More...>;
+};
+}  // namespace detail
+
+/// A level with more extra policies, e.g. a monitor: `level::with<level::Ultra, monitor::Phases>`.
+template <class Loop, class... More>
+using with = typename detail::with_policies<Loop, More...>::type;
 
 /// The hardware settings a level is meant to run with: none for Basic, Settings::fast() for the
 /// others (a loop with any AMP policy counts as Advanced or above).

@@ -1,6 +1,6 @@
 #pragma once
 // nitro::TrainingLoop<Amp, Accumulation, Checkpoint, Extras...>: one training step with mixed
-// precision, gradient accumulation, activation checkpointing and clipping chosen as types.
+// precision, gradient accumulation, activation checkpointing, clipping and monitoring chosen as types.
 //
 //   using Loop = nitro::TrainingLoop<nitro::amp::Bf16, nitro::accumulate::Fixed<4>, nitro::checkpoint::Off,
 //                                    nitro::clip::Norm>;
@@ -18,7 +18,11 @@
 // argument, `[&](auto& forward, auto& b) { return loss(forward(b.data), b.target); }`: the loop
 // then runs the Sequential under the checkpoint policy. Other models use checkpoint::Off here and
 // nitro::checkpoint::run(fn, inputs...) inside their own forward.
+//
+// A monitor policy among the extras (monitor::Phases from monitor/phases.hpp) is told when each
+// phase of a step ends; loop.monitor() gives its figures. monitor::Off, the default, is never called.
 #include <nitro/core/concepts.hpp>
+#include <nitro/core/device.hpp>
 #include <nitro/core/error.hpp>
 #include <nitro/train/accumulate.hpp>
 #include <nitro/train/amp.hpp>
@@ -26,6 +30,7 @@
 #include <nitro/train/clip.hpp>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
@@ -34,8 +39,10 @@
 #include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -81,33 +88,63 @@ struct scaler_of<Amp, true> {
 template <class T>
 inline constexpr bool is_sequential = std::is_base_of_v<torch::nn::SequentialImpl, T>;
 
+/// Rows of a batch: the size of dimension 0 of its first tensor that has one; -1 when none has.
+template <class Batch>
+std::int64_t batch_rows(const Batch& batch) {
+  std::int64_t rows = -1;
+  nitro::for_each_tensor(batch, [&](const at::Tensor& t) {
+    if (rows < 0 && t.defined() && t.dim() >= 1) rows = t.size(0);
+  });
+  return rows;
+}
+
+/// Rows [begin, begin + count) of every tensor of the batch whose dimension 0 has `rows` rows (views,
+/// no copy); other tensors are passed whole.
+template <class Batch>
+Batch batch_slice(const Batch& batch, std::int64_t rows, std::int64_t begin, std::int64_t count) {
+  return nitro::map_tensors(batch, [&](const at::Tensor& t) {
+    return t.defined() && t.dim() >= 1 && t.size(0) == rows ? t.narrow(0, begin, count) : t;
+  });
+}
+
+template <class P>
+inline constexpr bool is_extra_policy = ClipPolicy<P> || MonitorPolicy<P>;
+template <class Family, class... Ps>
+inline constexpr int count_family = (0 + ... + (OfFamily<Ps, Family> ? 1 : 0));
+
 }  // namespace detail
 
 /// @tparam Amp optional, default amp::Off: amp::Off, amp::Bf16 or amp::Fp16<Scaler>.
 /// @tparam Accumulation optional, default accumulate::Off: accumulate::Off, Fixed<N> or Dynamic.
 /// @tparam Checkpoint optional, default checkpoint::Off: checkpoint::Off, Segments<S> or Sqrt
 ///         (the last two need a torch::nn::Sequential model).
-/// @tparam Extras optional: at most one clip policy (clip::Norm or clip::Value; default clip::Off).
+/// @tparam Accumulation optional, default accumulate::Off: accumulate::Off, Fixed<N>, Dynamic or Adaptive.
+/// @tparam Extras optional, in any order: at most one clip policy (clip::Norm or clip::Value; default
+///         clip::Off) and at most one monitor policy (monitor::Phases; default monitor::Off).
 template <AmpPolicy Amp = amp::Off, AccumulationPolicy Accumulation = accumulate::Off,
           CheckpointPolicy Checkpoint = checkpoint::Off, class... Extras>
 class TrainingLoop {
-  static_assert((ClipPolicy<Extras> && ...),
+  static_assert((detail::is_extra_policy<Extras> && ...),
                 "TrainingLoop<Amp, Accumulation, Checkpoint, Extras...>: each extra policy must be a clip policy "
-                "(nitro::clip::Norm or nitro::clip::Value); AMP, accumulation and checkpoint policies go in the "
-                "first three places");
-  static_assert(sizeof...(Extras) <= 1, "TrainingLoop: give at most one clip policy");
+                "(nitro::clip::Norm or nitro::clip::Value) or a monitor policy (nitro::monitor::Phases); AMP, "
+                "accumulation and checkpoint policies go in the first three places");
+  static_assert(detail::count_family<family::Clip, Extras...> <= 1, "TrainingLoop: give at most one clip policy");
+  static_assert(detail::count_family<family::Monitor, Extras...> <= 1,
+                "TrainingLoop: give at most one monitor policy");
 
  public:
   using amp_policy = Amp;
   using accumulation_policy = Accumulation;
   using checkpoint_policy = Checkpoint;
   using clip_policy = typename detail::find_policy<family::Clip, clip::Off, Extras...>::type;
+  using monitor_policy = typename detail::find_policy<family::Monitor, monitor::Off, Extras...>::type;
 
   struct Options {
     typename Amp::Options amp{};
     typename Accumulation::Options accumulate{};
     typename Checkpoint::Options checkpoint{};
     typename clip_policy::Options clip{};
+    typename monitor_policy::Options monitor{};
     /// Skip an optimizer step whose gradients hold inf or NaN (fp32 and bf16; amp::Fp16 always
     /// does). Costs one host-device synchronisation per optimizer step.
     bool skip_nonfinite = false;
@@ -144,29 +181,24 @@ class TrainingLoop {
   /// One micro-batch: forward and loss under the AMP policy, backward, and the optimizer step when
   /// the accumulation window is full. `loss_fn(batch)` (or `loss_fn(forward, batch)` with a
   /// Sequential model) must return a scalar tensor.
+  ///
+  /// accumulate::Adaptive: the batch is one optimizer step; it is split along dimension 0 of its
+  /// tensors when memory runs out (the loss function must then return a mean over the rows).
   template <class Batch, class LossFn>
   StepResult step(const Batch& batch, LossFn&& loss_fn) {
-    at::Tensor loss;
-    {
-      std::optional<AutocastGuard> autocast;
-      if constexpr (Amp::enabled) autocast.emplace(device_type_, Amp::dtype);
-      loss = call(loss_fn, batch);
-    }
-    NITRO_CHECK(loss.defined() && loss.numel() == 1,
-                "TrainingLoop::step: the loss function must return a scalar tensor (reduce it with mean() or sum()); "
-                "got ", loss.defined() ? "a tensor of shape " : "an undefined tensor",
-                loss.defined() ? loss.sizes() : at::IntArrayRef{});
-    at::Tensor objective = loss;
-    if constexpr (Accumulation::enabled) {
-      if (window_ > 1) objective = loss / static_cast<double>(window_);
-    }
-    if constexpr (Amp::scales_loss) objective = scaler_.scale(objective);
-    objective.backward();
-    ++micro_;
-
+    if constexpr (monitor_policy::enabled) monitor_.begin_step();
     StepResult result;
-    result.loss = loss.detach();
+    if constexpr (detail::SplitsOnOom<Accumulation>) {
+      result.loss = split_forward_backward(batch, loss_fn);
+    } else {
+      result.loss = forward_backward(batch, loss_fn, Accumulation::enabled ? static_cast<double>(window_) : 1.0);
+    }
+    ++micro_;
     if (micro_ >= window_) optimizer_step(result);
+    if constexpr (monitor_policy::enabled) {
+      monitor_.mark(Phase::optimizer);
+      monitor_.end_step(detail::batch_rows(batch));
+    }
     return result;
   }
 
@@ -206,6 +238,31 @@ class TrainingLoop {
     o_.accumulate.steps = steps;
   }
 
+  /// accumulate::Adaptive: the parts each batch is split into now (1 until memory first ran out).
+  std::int64_t split() const noexcept
+    requires detail::SplitsOnOom<Accumulation>
+  {
+    return split_;
+  }
+  /// accumulate::Adaptive: how many times a batch ran out of memory and the split doubled.
+  std::int64_t splits_made() const noexcept
+    requires detail::SplitsOnOom<Accumulation>
+  {
+    return splits_made_;
+  }
+
+  /// The monitor policy's recorder (e.g. monitor::Phases: summary(), records).
+  auto& monitor() noexcept
+    requires(monitor_policy::enabled)
+  {
+    return monitor_;
+  }
+  const auto& monitor() const noexcept
+    requires(monitor_policy::enabled)
+  {
+    return monitor_;
+  }
+
   /// The loss scaler (amp::Fp16): its state_dict() saves with the model.
   auto& scaler() noexcept
     requires Amp::scales_loss
@@ -228,6 +285,62 @@ class TrainingLoop {
     at::Tensor operator()(const at::Tensor& x) const { return loop->forward(x); }
   };
 
+  // Forward and loss under the AMP policy, backward of loss / divisor; returns the loss, detached.
+  template <class Batch, class LossFn>
+  at::Tensor forward_backward(const Batch& batch, LossFn& loss_fn, double divisor) {
+    at::Tensor loss;
+    {
+      std::optional<AutocastGuard> autocast;
+      if constexpr (Amp::enabled) autocast.emplace(device_type_, Amp::dtype);
+      loss = call(loss_fn, batch);
+    }
+    NITRO_CHECK(loss.defined() && loss.numel() == 1,
+                "TrainingLoop::step: the loss function must return a scalar tensor (reduce it with mean() or sum()); "
+                "got ", loss.defined() ? "a tensor of shape " : "an undefined tensor",
+                loss.defined() ? loss.sizes() : at::IntArrayRef{});
+    if constexpr (monitor_policy::enabled) monitor_.mark(Phase::forward);
+    at::Tensor objective = divisor != 1.0 ? loss / divisor : loss;
+    if constexpr (Amp::scales_loss) objective = scaler_.scale(objective);
+    objective.backward();
+    if constexpr (monitor_policy::enabled) monitor_.mark(Phase::backward);
+    return loss.detach();
+  }
+
+  // accumulate::Adaptive: forward and backward over split_ parts of the batch; on running out of
+  // memory, drop the partial gradients, double the split and start again. The optimizer step stays
+  // outside: it must never run twice on one batch.
+  template <class Batch, class LossFn>
+  at::Tensor split_forward_backward(const Batch& batch, LossFn& loss_fn) {
+    const std::int64_t rows = detail::batch_rows(batch);
+    NITRO_CHECK(rows >= 1, "TrainingLoop::step with accumulate::Adaptive: the batch needs a tensor whose "
+                "dimension 0 holds its rows (the samples) to split it; got none with rows");
+    const std::int64_t limit =
+        o_.accumulate.max_split > 0 ? std::min(o_.accumulate.max_split, rows) : rows;
+    for (;;) {
+      const std::int64_t parts = std::min(split_, rows);
+      try {
+        if (parts == 1) return forward_backward(batch, loss_fn, 1.0);
+        at::Tensor total;
+        for (std::int64_t i = 0; i < parts; ++i) {
+          const std::int64_t begin = i * rows / parts, count = (i + 1) * rows / parts - begin;
+          const double share = static_cast<double>(count) / static_cast<double>(rows);
+          const at::Tensor part = forward_backward(detail::batch_slice(batch, rows, begin, count), loss_fn,
+                                                   static_cast<double>(rows) / static_cast<double>(count));
+          total = total.defined() ? total.add(part, share) : part.mul(share);
+        }
+        return total;
+      } catch (const c10::OutOfMemoryError& e) {
+        optimizer_->zero_grad(/*set_to_none=*/true);  // the gradients of the parts that finished
+        if (parts >= limit) throw;
+        const std::int64_t previous = split_;
+        split_ = std::min(parts * 2, limit);
+        ++splits_made_;
+        if (o_.accumulate.on_split)
+          o_.accumulate.on_split({previous, split_, rows, std::string(e.what_without_backtrace())});
+      }
+    }
+  }
+
   template <class LossFn, class Batch>
   at::Tensor call(LossFn& loss_fn, const Batch& batch) {
     if constexpr (std::is_invocable_v<LossFn&, Forward&, const Batch&>) {
@@ -249,8 +362,10 @@ class TrainingLoop {
                 "TrainingLoop: the optimizer has no parameters; build it from the model's parameters(), e.g. "
                 "torch::optim::SGD(model->parameters(), 0.1)");
     window_ = Accumulation::steps(o_.accumulate);
+    if constexpr (detail::SplitsOnOom<Accumulation>) split_ = o_.accumulate.initial_split;
     if constexpr (clip_policy::enabled) clip_policy::validate(o_.clip);
     device_type_ = params_.front().device().type();
+    if constexpr (monitor_policy::enabled) monitor_ = typename monitor_policy::Recorder(o_.monitor, device_type_);
     if constexpr (Amp::enabled) {
       NITRO_CHECK(compat::autocast_available(device_type_), "TrainingLoop: amp::", Amp::name,
                   " needs autocast, which LibTorch does not offer on ", c10::DeviceTypeName(device_type_),
@@ -299,7 +414,10 @@ class TrainingLoop {
   std::int64_t steps_ = 0;
   std::int64_t skipped_ = 0;
   at::Tensor one_;
+  std::int64_t split_ = 1;
+  std::int64_t splits_made_ = 0;
   [[no_unique_address]] typename detail::scaler_of<Amp>::type scaler_{};
+  [[no_unique_address]] typename monitor_policy::Recorder monitor_{o_.monitor, device_type_};
 };
 
 }  // namespace nitro

@@ -1,0 +1,392 @@
+#pragma once
+// The largest batch that fits in memory, found by trying: nitro::memory::find_max_batch_size, the
+// analogue of Lightning's BatchSizeFinder, without its two known failure modes (a crash when the first
+// size already runs out of memory; weights left changed by the trials).
+//
+//   auto found = nitro::memory::find_max_batch_size(
+//       [&](std::int64_t batch) { loop.step(make_batch(batch), loss_fn); },   // one training step
+//       {.mode = nitro::memory::SearchMode::binsearch, .min = 8, .max = 4096, .margin = 0.1,
+//        .model = model.ptr().get(), .optimizer = &optimizer});
+//   std::printf("batch %lld (%d sizes tried)\n", (long long)found.batch_size, found.trials);
+//
+// A trial runs the callable `trials_per_size` times at one size; it fails when it throws
+// c10::OutOfMemoryError (the CUDA caching allocator's, or the CPU budget of ScopedCpuTracking).
+// Between trials the finder puts back the model's parameters, buffers and gradients, the optimizer's
+// state and options and the CPU and CUDA random generators, bit for bit (StateBackup: host copies,
+// put back in place), and empties the CUDA cache.
+//
+// Modes:
+//   power      doubles from min (min, 2 min, 4 min, ..., then max) until a size fails; returns the
+//              last that fit. At most ceil(log2(max / min)) + 1 trials.
+//   binsearch  the exact largest size in [min, max]: tries min, then bisects between the largest size
+//              known to fit and the smallest known to fail (max + 1 until one fails). At most
+//              1 + ceil(log2(max - min + 1)) trials; doubling first and then bisecting would take up to
+//              twice as many, each a full step at a large batch.
+// The answer is then reduced by `margin` (a fraction kept free for fragmentation and longer inputs).
+#include <nitro/core/error.hpp>
+#include <nitro/memory/monitor.hpp>
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <typeinfo>
+#include <unordered_map>
+#include <mutex>
+#include <cstdint>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if NITRO_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace nitro::memory {
+
+namespace detail {
+
+inline at::Tensor host_copy(const at::Tensor& t) {
+  return t.defined() ? t.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true) : at::Tensor{};
+}
+// Puts `saved` (a host copy) back into `live` without allocating when the shapes match; else
+// returns a new tensor on `device` for the caller to set.
+inline std::optional<at::Tensor> put_back(const at::Tensor& live, const at::Tensor& saved, c10::Device device) {
+  if (!saved.defined()) return live.defined() ? std::optional<at::Tensor>(at::Tensor{}) : std::nullopt;
+  if (live.defined() && live.sizes() == saved.sizes() && live.dtype() == saved.dtype()) {
+    live.detach().copy_(saved);
+    return std::nullopt;
+  }
+  return saved.to(device, /*non_blocking=*/false, /*copy=*/true);
+}
+
+// The tensors of the optimizer states LibTorch ships, as (getter, setter) pairs, and their step.
+template <class S, class F>
+void for_each_state_tensor(S& s, F&& f) {
+  using namespace torch::optim;
+  if constexpr (std::is_same_v<std::remove_const_t<S>, AdamParamState> ||
+                std::is_same_v<std::remove_const_t<S>, AdamWParamState>) {
+    f(s.exp_avg(), [&s](at::Tensor t) { s.exp_avg(std::move(t)); });
+    f(s.exp_avg_sq(), [&s](at::Tensor t) { s.exp_avg_sq(std::move(t)); });
+    f(s.max_exp_avg_sq(), [&s](at::Tensor t) { s.max_exp_avg_sq(std::move(t)); });
+  } else if constexpr (std::is_same_v<std::remove_const_t<S>, SGDParamState>) {
+    f(s.momentum_buffer(), [&s](at::Tensor t) { s.momentum_buffer(std::move(t)); });
+  } else if constexpr (std::is_same_v<std::remove_const_t<S>, AdagradParamState>) {
+    f(s.sum(), [&s](at::Tensor t) { s.sum(std::move(t)); });
+  } else if constexpr (std::is_same_v<std::remove_const_t<S>, RMSpropParamState>) {
+    f(s.square_avg(), [&s](at::Tensor t) { s.square_avg(std::move(t)); });
+    f(s.momentum_buffer(), [&s](at::Tensor t) { s.momentum_buffer(std::move(t)); });
+    f(s.grad_avg(), [&s](at::Tensor t) { s.grad_avg(std::move(t)); });
+  }
+}
+
+// Calls f.template operator()<S>() with the state's type, among those above; false for another type.
+template <class F>
+bool with_state_type(const torch::optim::OptimizerParamState& state, F&& f) {
+  using namespace torch::optim;
+  const auto is = [&]<class S>() { return dynamic_cast<const S*>(&state) != nullptr; };
+  if (is.template operator()<AdamWParamState>()) return f.template operator()<AdamWParamState>(), true;
+  if (is.template operator()<AdamParamState>()) return f.template operator()<AdamParamState>(), true;
+  if (is.template operator()<SGDParamState>()) return f.template operator()<SGDParamState>(), true;
+  if (is.template operator()<AdagradParamState>()) return f.template operator()<AdagradParamState>(), true;
+  if (is.template operator()<RMSpropParamState>()) return f.template operator()<RMSpropParamState>(), true;
+  return false;
+}
+
+}  // namespace detail
+
+/// A copy of a model's parameters, buffers and gradients, an optimizer's state and options, and the
+/// random generators, to put back exactly. Copies are kept in host memory, so a search on a GPU does
+/// not lose device memory to them, and are put back in place (no device allocation) when the shapes
+/// still match. The states of SGD, Adam, AdamW, Adagrad and RMSprop are copied field by field; another
+/// optimizer's state is serialised in LibTorch's format and loaded back, which allocates anew.
+class StateBackup {
+ public:
+  /// Either pointer may be null (nothing of it is saved).
+  StateBackup(torch::nn::Module* model, torch::optim::Optimizer* optimizer) : model_(model), optimizer_(optimizer) {
+    at::NoGradGuard no_grad;
+    if (model_ != nullptr) {
+      for (const auto& p : model_->parameters()) params_.push_back({p, detail::host_copy(p), detail::host_copy(p.grad())});
+      for (const auto& b : model_->buffers()) buffers_.push_back({b, detail::host_copy(b), {}});
+    }
+    if (optimizer_ != nullptr) save_optimizer();
+    {
+      // The engine itself, not get_state(): that makes a tensor, which would count against a CPU budget.
+      auto cpu = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(cpu.mutex());
+      auto* impl = cpu.get<at::CPUGeneratorImpl>();
+      cpu_rng_ = CpuRng{impl->engine(), impl->next_float_normal_sample(), impl->next_double_normal_sample()};
+    }
+#if NITRO_WITH_CUDA
+    if (at::cuda::is_available()) {
+      auto gen = at::cuda::detail::getDefaultCUDAGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      cuda_rng_ = gen.get_state();
+    }
+#endif
+  }
+
+  /// Puts everything back as it was when the backup was made.
+  void restore() {
+    at::NoGradGuard no_grad;
+    for (auto& e : params_) {
+      if (auto fresh = detail::put_back(e.live, e.value, e.live.device())) e.live.detach().copy_(*fresh);
+      if (auto fresh = detail::put_back(e.live.grad(), e.grad, e.live.device())) e.live.mutable_grad() = *fresh;
+    }
+    for (auto& e : buffers_) e.live.detach().copy_(e.value);
+    if (optimizer_ != nullptr) restore_optimizer();
+    {
+      auto cpu = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(cpu.mutex());
+      auto* impl = cpu.get<at::CPUGeneratorImpl>();
+      impl->set_engine(cpu_rng_.engine);
+      impl->set_next_float_normal_sample(cpu_rng_.next_float);
+      impl->set_next_double_normal_sample(cpu_rng_.next_double);
+    }
+#if NITRO_WITH_CUDA
+    if (cuda_rng_.defined()) {
+      auto gen = at::cuda::detail::getDefaultCUDAGenerator();
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(cuda_rng_);
+    }
+#endif
+  }
+
+ private:
+  struct Saved {
+    at::Tensor live, value, grad;
+  };
+  struct SavedParamState {
+    void* key;
+    c10::Device device;
+    std::unique_ptr<torch::optim::OptimizerParamState> state;  // its tensors are host copies
+  };
+  struct CpuRng {
+    at::mt19937 engine;
+    std::optional<float> next_float;
+    std::optional<double> next_double;
+  };
+
+  void save_optimizer() {
+    for (auto& group : optimizer_->param_groups())
+      options_.push_back(group.has_options() ? group.options().clone() : nullptr);
+    std::unordered_map<void*, c10::Device> devices;
+    for (auto& group : optimizer_->param_groups())
+      for (const auto& p : group.params()) devices.emplace(p.unsafeGetTensorImpl(), p.device());
+    for (const auto& [key, state] : optimizer_->state()) {
+      auto copy = state->clone();
+      const bool known = detail::with_state_type(*copy, [&]<class S>() {
+        detail::for_each_state_tensor(static_cast<S&>(*copy),
+                                      [](const at::Tensor& t, auto set) { set(detail::host_copy(t)); });
+      });
+      if (!known) {  // an optimizer whose state we cannot copy field by field: serialise all of it
+        states_.clear();
+        torch::serialize::OutputArchive archive;
+        optimizer_->save(archive);
+        std::ostringstream out;
+        archive.save_to(out);
+        serialized_ = std::move(out).str();
+        return;
+      }
+      const auto device = devices.find(key);
+      states_.push_back({key, device != devices.end() ? device->second : c10::Device(c10::kCPU), std::move(copy)});
+    }
+  }
+
+  void restore_optimizer() {
+    for (std::size_t i = 0; i < options_.size() && i < optimizer_->param_groups().size(); ++i)
+      if (options_[i]) optimizer_->param_groups()[i].set_options(options_[i]->clone());
+    auto& live = optimizer_->state();
+    if (serialized_) {
+      live.clear();  // load() adds the saved states; it does not drop newer ones
+      torch::serialize::InputArchive archive;
+      std::istringstream in(*serialized_);
+      archive.load_from(in);
+      optimizer_->load(archive);
+      return;
+    }
+    // States the trials created are dropped; saved ones are put back in place.
+    for (auto it = live.begin(); it != live.end();) {
+      const bool saved = std::any_of(states_.begin(), states_.end(), [&](const auto& s) { return s.key == it->first; });
+      it = saved ? std::next(it) : live.erase(it);
+    }
+    for (auto& s : states_) {
+      auto found = live.find(s.key);
+      const bool same_type = found != live.end() && typeid(*found->second) == typeid(*s.state);
+      if (!same_type) {
+        auto copy = s.state->clone();
+        detail::with_state_type(*copy, [&]<class S>() {
+          detail::for_each_state_tensor(static_cast<S&>(*copy), [&](const at::Tensor& t, auto set) {
+            set(t.defined() ? t.to(s.device, false, true) : at::Tensor{});
+          });
+        });
+        live[s.key] = std::move(copy);
+        continue;
+      }
+      auto& current = *found->second;
+      detail::with_state_type(current, [&]<class S>() {
+        auto& cur = static_cast<S&>(current);
+        auto& saved = static_cast<S&>(*s.state);
+        std::vector<at::Tensor> values;
+        detail::for_each_state_tensor(saved, [&](const at::Tensor& t, auto) { values.push_back(t); });
+        std::size_t i = 0;
+        detail::for_each_state_tensor(cur, [&](const at::Tensor& t, auto set) {
+          if (auto fresh = detail::put_back(t, values[i], s.device)) set(*fresh);
+          ++i;
+        });
+        if constexpr (!std::is_same_v<S, torch::optim::SGDParamState>) cur.step(saved.step());
+      });
+    }
+  }
+
+  torch::nn::Module* model_;
+  torch::optim::Optimizer* optimizer_;
+  std::vector<Saved> params_, buffers_;
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options_;
+  std::vector<SavedParamState> states_;
+  std::optional<std::string> serialized_;
+  CpuRng cpu_rng_;
+  at::Tensor cuda_rng_;
+};
+
+/// How find_max_batch_size searches.
+enum class SearchMode { power, binsearch };
+
+struct BatchSizeOptions {
+  SearchMode mode = SearchMode::binsearch;
+  /// The smallest size to consider, >= 1. If it does not fit, the finder throws nitro::Error.
+  std::int64_t min = 1;
+  /// The largest size to consider, >= min.
+  std::int64_t max = 4096;
+  /// Fraction taken off the largest fitting size, in [0, 1): 0.1 returns 90% of it (never below min).
+  double margin = 0.0;
+  /// Calls of the trial per size, >= 1; all must fit. Two catch what the first step allocates lazily
+  /// (optimizer state, cuDNN workspaces) that the second then needs on top.
+  int trials_per_size = 2;
+  /// Put back after every trial (either may be null: the caller then owns what the trials change).
+  torch::nn::Module* model = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;
+};
+
+/// One size tried.
+struct BatchSizeTrial {
+  std::int64_t batch_size = 0;
+  bool fit = false;
+  double seconds = 0;
+};
+
+struct BatchSizeResult {
+  /// The answer: the largest fitting size found, less the margin.
+  std::int64_t batch_size = 0;
+  /// The largest size that fit (before the margin).
+  std::int64_t largest_fit = 0;
+  /// The smallest size that ran out of memory; -1 when none did (max fits).
+  std::int64_t first_failure = -1;
+  /// Sizes tried, and trial calls made.
+  int trials = 0;
+  int calls = 0;
+  double seconds = 0;
+  std::vector<BatchSizeTrial> history;
+};
+
+namespace detail {
+inline void release_cached_memory() {
+#if NITRO_WITH_CUDA
+  if (at::cuda::is_available()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+}
+}  // namespace detail
+
+/// The largest batch size in [min, max] for which `trial(batch_size)` does not run out of memory.
+/// `trial` is callable with a std::int64_t; it should run what training runs (forward, backward and
+/// an optimizer step). Exceptions other than out-of-memory reach the caller (after the state is put
+/// back). Throws nitro::Error when an option is invalid or min already runs out of memory.
+template <class Trial>
+BatchSizeResult find_max_batch_size(Trial&& trial, const BatchSizeOptions& o) {
+  static_assert(std::is_invocable_v<Trial&, std::int64_t>,
+                "find_max_batch_size(trial, options): trial must be callable as trial(std::int64_t batch_size)");
+  NITRO_CHECK(o.min >= 1, "find_max_batch_size: min must be >= 1, got ", o.min);
+  NITRO_CHECK(o.max >= o.min, "find_max_batch_size: max (", o.max, ") must be >= min (", o.min, ")");
+  NITRO_CHECK(o.margin >= 0.0 && o.margin < 1.0, "find_max_batch_size: margin must be in [0, 1) (a fraction), got ",
+              o.margin);
+  NITRO_CHECK(o.trials_per_size >= 1, "find_max_batch_size: trials_per_size must be >= 1, got ", o.trials_per_size);
+
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  BatchSizeResult result;
+  StateBackup backup(o.model, o.optimizer);
+  std::string first_error;
+
+  // Runs one size; true when it fit.
+  const auto fits = [&](std::int64_t size) {
+    const auto t0 = Clock::now();
+    bool fit = true;
+    try {
+      for (int i = 0; i < o.trials_per_size; ++i) {
+        ++result.calls;
+        trial(size);
+      }
+    } catch (const c10::OutOfMemoryError& e) {
+      fit = false;
+      if (first_error.empty()) first_error = e.what_without_backtrace();
+    } catch (...) {
+      backup.restore();
+      throw;
+    }
+    backup.restore();
+    detail::release_cached_memory();
+    ++result.trials;
+    result.history.push_back({size, fit, std::chrono::duration<double>(Clock::now() - t0).count()});
+    if (fit) {
+      result.largest_fit = std::max(result.largest_fit, size);
+    } else if (result.first_failure < 0 || size < result.first_failure) {
+      result.first_failure = size;
+    }
+    return fit;
+  };
+
+  if (!fits(o.min)) {
+    const auto first_line = first_error.substr(0, first_error.find('\n'));
+    ::nitro::detail::fail("find_max_batch_size: the smallest batch size, min = ", o.min,
+                 ", already runs out of memory (", first_line, "); memory now: ", to_string(snapshot()),
+                 ". Lower min, free memory held elsewhere, or make a step need less (checkpoint::Sqrt, bf16)");
+  }
+  if (o.mode == SearchMode::power) {
+    std::int64_t size = o.min;
+    while (size < o.max) {
+      size = size > o.max / 2 ? o.max : size * 2;
+      if (!fits(size)) break;
+    }
+  } else {
+    std::int64_t lo = o.min, hi = o.max + 1;  // lo fits; hi is the smallest size known (or assumed) to fail
+    while (hi - lo > 1) {
+      const std::int64_t mid = lo + (hi - lo) / 2;
+      if (fits(mid)) lo = mid;
+      else hi = mid;
+    }
+  }
+  const auto reduced = static_cast<std::int64_t>(static_cast<double>(result.largest_fit) * (1.0 - o.margin));
+  result.batch_size = std::max(o.min, reduced);
+  result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return result;
+}
+
+}  // namespace nitro::memory

@@ -1,0 +1,289 @@
+#pragma once
+// Per-phase step times recorded by the training loop, as a monitor policy.
+//
+//   monitor::Off      records nothing, costs nothing (the default of TrainingLoop).
+//   monitor::Phases   times each step's phases: waiting for data, forward, backward, optimizer; counts
+//                     samples; samples memory every `memory_every` steps. On the CPU with a steady
+//                     clock (five clock reads a step). On a GPU the forward, backward and optimizer times
+//                     come from CUDA events read lazily: a step's events are read once the device has
+//                     passed them, a few steps later, never by waiting, so there is no synchronisation
+//                     per step; summary() reads what is left (it waits for the device once).
+//
+//   using Loop = nitro::TrainingLoop<nitro::amp::Off, nitro::accumulate::Off, nitro::checkpoint::Off,
+//                                    nitro::monitor::Phases>;
+//   Loop loop{model, optimizer};
+//   for (auto& b : loader) loop.step(b, loss_fn);
+//   auto summary = nitro::monitor::summarize(loop.monitor());   // monitor/report.hpp
+//
+// "Waiting for data" is host time from the end of one step() to the start of the next: the loader's
+// next() and anything else the caller does between steps. Samples are the rows of the batch (the
+// size of dimension 0 of its first tensor).
+#include <nitro/core/concepts.hpp>
+#include <nitro/core/error.hpp>
+#include <nitro/memory/monitor.hpp>
+
+#include <c10/core/DeviceType.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#if NITRO_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#endif
+
+namespace nitro::monitor {
+
+/// One step as recorded.
+struct StepRecord {
+  /// Steps since the recorder started, warm-up included (0-based).
+  std::int64_t step = 0;
+  /// Milliseconds per phase, indexed by nitro::Phase: data (host), forward, backward, optimizer (host
+  /// clock on the CPU; device time between CUDA events on a GPU).
+  std::array<float, phase_count> phase_ms{};
+  /// Host milliseconds from the end of the previous step to the end of this one (data wait included).
+  float step_ms = 0;
+  /// Rows of the batch (0 when the batch has none).
+  std::int32_t samples = 0;
+  /// GPU only: the device had finished the previous step when the host began this one (it waited
+  /// for the host: launch- or data-bound).
+  bool device_idle = false;
+};
+
+/// Running totals over every counted step (warm-up excluded).
+struct Totals {
+  std::int64_t steps = 0;
+  std::int64_t samples = 0;
+  std::array<double, phase_count> phase_ms{};
+  double step_ms = 0;
+  /// Steps that began with the device idle (GPU only).
+  std::int64_t idle_steps = 0;
+  /// Memory readings taken (every `memory_every` steps) and the highest of each figure seen.
+  std::int64_t memory_readings = 0;
+  std::int64_t peak_cuda_allocated_bytes = -1;
+  std::int64_t peak_cpu_resident_bytes = -1;
+};
+
+/// monitor::Phases' knobs.
+struct PhasesOptions {
+  /// The last steps kept for percentiles, >= 1.
+  std::int64_t window = 4096;
+  /// First steps left out of every figure (allocator warm-up, lazy initialisation), >= 0.
+  std::int64_t warmup_steps = 2;
+  /// On a GPU, time forward, backward and optimizer with CUDA events (else the host clock, which
+  /// then measures launch time, not device time).
+  bool device_timing = true;
+  /// Counted steps between memory readings (/proc on the CPU, the caching allocator on a GPU);
+  /// 0: never during steps (summaries still read memory once).
+  std::int64_t memory_every = 100;
+};
+
+/// What monitor::Phases keeps: the last `window` steps and the totals. Made by the training loop.
+class Recorder {
+ public:
+  using Options = PhasesOptions;
+
+  explicit Recorder(const Options& options = Options{}, c10::DeviceType device = c10::DeviceType::CPU)
+      : o_(options), device_(device) {
+    NITRO_CHECK(o_.window >= 1, "monitor::Phases: window must be >= 1 (steps kept for percentiles), got ",
+                o_.window);
+    NITRO_CHECK(o_.warmup_steps >= 0, "monitor::Phases: warmup_steps must be >= 0, got ", o_.warmup_steps);
+    NITRO_CHECK(o_.memory_every >= 0, "monitor::Phases: memory_every must be >= 0 (0: never), got ", o_.memory_every);
+    ring_.resize(static_cast<std::size_t>(o_.window));
+#if NITRO_WITH_CUDA
+    events_ = o_.device_timing && device_ == c10::DeviceType::CUDA;
+    if (events_) pool_.resize(kPending);
+#endif
+  }
+
+  /// The loop calls these four (see nitro::PhaseRecorder).
+  void begin_step() {
+    const auto t = Clock::now();
+    current_ = StepRecord{};
+    current_.step = next_step_;
+    current_.phase_ms[static_cast<int>(Phase::data)] = ended_ ? ms(end_, t) : 0.0f;
+    begin_ = last_ = t;
+#if NITRO_WITH_CUDA
+    if (events_) begin_events();
+#endif
+  }
+  void mark(Phase phase) {
+    const auto t = Clock::now();
+    current_.phase_ms[static_cast<int>(phase)] += ms(last_, t);
+    last_ = t;
+#if NITRO_WITH_CUDA
+    if (events_) mark_event(phase);
+#endif
+  }
+  void end_step(std::int64_t samples) {
+    current_.samples = static_cast<std::int32_t>(samples > 0 ? samples : 0);
+    current_.step_ms = ms(ended_ ? end_ : begin_, last_);
+    end_ = last_;
+    ended_ = true;
+    ++next_step_;
+#if NITRO_WITH_CUDA
+    if (events_) {
+      end_events();
+      return;
+    }
+#endif
+    commit(current_);
+  }
+
+  /// Every counted step so far. On a GPU, steps whose events the device has not passed yet are not
+  /// in it; resolve() adds them.
+  const Totals& totals() const noexcept { return totals_; }
+  /// The last min(window, counted steps) steps, oldest first (call resolve() first on a GPU).
+  std::vector<StepRecord> window() const {
+    std::vector<StepRecord> out;
+    const auto n = static_cast<std::size_t>(std::min<std::int64_t>(totals_.steps, o_.window));
+    out.reserve(n);
+    const auto size = ring_.size();
+    for (std::size_t i = 0; i < n; ++i) out.push_back(ring_[(head_ + size - n + i) % size]);
+    return out;
+  }
+  /// GPU: waits for the device to pass every recorded step and adds them to the figures. Nothing
+  /// to do on the CPU.
+  void resolve() {
+#if NITRO_WITH_CUDA
+    while (pending_count_ > 0) resolve_oldest(/*wait=*/true);
+#endif
+  }
+  /// Reads memory now and folds it into the peaks.
+  memory::MemorySnapshot read_memory() {
+    auto snap = memory::snapshot();
+    ++totals_.memory_readings;
+    totals_.peak_cpu_resident_bytes = std::max(totals_.peak_cpu_resident_bytes, snap.cpu.resident_bytes);
+    if (snap.cuda) totals_.peak_cuda_allocated_bytes = std::max(totals_.peak_cuda_allocated_bytes, snap.cuda->peak_allocated_bytes);
+    return snap;
+  }
+  /// Forgets every step (the next step counts as the first: warm-up again).
+  void reset() {
+    resolve();
+    totals_ = {};
+    head_ = 0;
+    next_step_ = 0;
+    ended_ = false;
+  }
+
+  const Options& options() const noexcept { return o_; }
+  c10::DeviceType device_type() const noexcept { return device_; }
+  /// Whether forward/backward/optimizer are device times (CUDA events).
+  bool device_timed() const noexcept {
+#if NITRO_WITH_CUDA
+    return events_;
+#else
+    return false;
+#endif
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static float ms(Clock::time_point a, Clock::time_point b) noexcept {
+    return std::chrono::duration<float, std::milli>(b - a).count();
+  }
+
+  void commit(const StepRecord& r) {
+    if (r.step < o_.warmup_steps) return;
+    ring_[head_] = r;
+    head_ = (head_ + 1) % ring_.size();
+    ++totals_.steps;
+    totals_.samples += r.samples;
+    for (int p = 0; p < phase_count; ++p) totals_.phase_ms[static_cast<std::size_t>(p)] += r.phase_ms[static_cast<std::size_t>(p)];
+    totals_.step_ms += r.step_ms;
+    totals_.idle_steps += r.device_idle ? 1 : 0;
+    if (o_.memory_every > 0 && totals_.steps % o_.memory_every == 0) read_memory();
+  }
+
+#if NITRO_WITH_CUDA
+  // A step's events: one at its start, one after each mark, up to kMarks (later marks merge into
+  // the last phase's time).
+  static constexpr int kMarks = 15;
+  static constexpr std::size_t kPending = 64;
+  struct Pending {
+    std::array<at::cuda::CUDAEvent, kMarks + 1> events;
+    std::array<Phase, kMarks> phases{};
+    int marks = 0;
+    StepRecord record;
+    Pending() {
+      for (auto& e : events) e = at::cuda::CUDAEvent(cudaEventDefault);
+    }
+  };
+
+  void begin_events() {
+    // Read the steps the device has passed; wait only when every slot is taken.
+    while (pending_count_ > 0 && resolve_oldest(/*wait=*/false)) {
+    }
+    if (pending_count_ == kPending) resolve_oldest(/*wait=*/true);
+    current_.device_idle = last_recorded_ != nullptr && last_recorded_->query();
+    auto& p = pool_[(pending_first_ + pending_count_) % kPending];
+    p.marks = 0;
+    p.events[0].record();
+  }
+  void mark_event(Phase phase) {
+    auto& p = pool_[(pending_first_ + pending_count_) % kPending];
+    if (p.marks < kMarks) {
+      p.phases[static_cast<std::size_t>(p.marks)] = phase;
+      ++p.marks;
+    } else {
+      p.phases[kMarks - 1] = phase;  // merged into the last event
+    }
+    p.events[static_cast<std::size_t>(p.marks)].record();
+  }
+  void end_events() {
+    auto& p = pool_[(pending_first_ + pending_count_) % kPending];
+    p.record = current_;
+    last_recorded_ = &p.events[static_cast<std::size_t>(p.marks)];
+    ++pending_count_;
+  }
+  // Folds the oldest pending step in once the device has passed it; false when it has not (and
+  // `wait` is false).
+  bool resolve_oldest(bool wait) {
+    auto& p = pool_[pending_first_];
+    auto& last = p.events[static_cast<std::size_t>(p.marks)];
+    if (!wait && !last.query()) return false;
+    last.synchronize();
+    StepRecord r = p.record;
+    for (int p_i = 1; p_i < phase_count; ++p_i) r.phase_ms[static_cast<std::size_t>(p_i)] = 0;
+    for (int m = 0; m < p.marks; ++m) {
+      r.phase_ms[static_cast<std::size_t>(p.phases[static_cast<std::size_t>(m)])] +=
+          p.events[static_cast<std::size_t>(m)].elapsed_time(p.events[static_cast<std::size_t>(m + 1)]);
+    }
+    pending_first_ = (pending_first_ + 1) % kPending;
+    --pending_count_;
+    commit(r);
+    return true;
+  }
+
+  bool events_ = false;
+  std::vector<Pending> pool_;
+  std::size_t pending_first_ = 0, pending_count_ = 0;
+  const at::cuda::CUDAEvent* last_recorded_ = nullptr;
+#endif
+
+  Options o_;
+  c10::DeviceType device_;
+  std::vector<StepRecord> ring_;
+  std::size_t head_ = 0;
+  Totals totals_;
+  StepRecord current_;
+  Clock::time_point begin_{}, last_{}, end_{};
+  bool ended_ = false;
+  std::int64_t next_step_ = 0;
+};
+
+/// The monitor policy that times phases (see the banner).
+struct Phases {
+  using family = nitro::family::Monitor;
+  static constexpr std::string_view name = "phases";
+  static constexpr bool enabled = true;
+  using Options = PhasesOptions;
+  using Recorder = monitor::Recorder;
+};
+
+static_assert(MonitorPolicy<Phases>);
+
+}  // namespace nitro::monitor

@@ -1,0 +1,258 @@
+#pragma once
+// What monitor::Phases measured, summarised, and plain advice on what limits the training speed.
+//
+//   auto s = nitro::monitor::summarize(loop.monitor());       // means, percentiles, samples/s, memory
+//   std::fputs(nitro::monitor::format(s).c_str(), stdout);    // a table
+//   for (const auto& a : nitro::monitor::bottlenecks(s)) std::printf("%s\n", a.text().c_str());
+//
+// The advice, each from the figures alone (thresholds in AdviceOptions):
+//   data-bound      the host waits for the next batch more than 30% of a step: a Prefetcher, more
+//                   loader workers, a Cache in front of the data set.
+//   memory-bound    peak memory above 90% of the device (or of the machine's RAM on the CPU):
+//                   activation checkpointing, accumulation with smaller micro-batches, bf16.
+//   launch-bound    (GPU) steps shorter than 10 ms and the device found idle at the start of most
+//                   steps: it waits for the host to launch kernels; larger batches, CUDA graphs,
+//                   fewer small operations (fused optimizers, torch.compile in Python).
+//   optimizer-heavy the optimizer takes more than 40% of the compute: a foreach/fused optimizer,
+//                   stepping less often with accumulation.
+//   compute-bound   none of the above: the model's own arithmetic sets the pace; mixed precision
+//                   (level::Advanced) is the next lever.
+#include <nitro/monitor/phases.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace nitro::monitor {
+
+/// One phase over the counted steps.
+struct PhaseSummary {
+  /// Over every counted step.
+  double mean_ms = 0;
+  /// Nearest-rank percentiles and maximum over the recorder's window (the last steps).
+  double p50_ms = 0, p90_ms = 0, p99_ms = 0, max_ms = 0;
+  /// Mean of this phase over the mean step (host time).
+  double share = 0;
+};
+
+/// A run's figures.
+struct Summary {
+  c10::DeviceType device = c10::DeviceType::CPU;
+  /// Forward, backward and optimizer are device times (CUDA events); else host clock.
+  bool device_timed = false;
+  std::int64_t steps = 0;
+  std::int64_t samples = 0;
+  /// Host seconds of the counted steps (data wait included).
+  double seconds = 0;
+  double samples_per_s = 0;
+  double steps_per_s = 0;
+  /// Indexed by nitro::Phase.
+  std::array<PhaseSummary, phase_count> phases{};
+  /// The whole step, host time from the end of the previous one.
+  PhaseSummary step{};
+  /// GPU: the fraction of steps that began with the device idle. NaN on the CPU.
+  double device_idle_fraction = std::numeric_limits<double>::quiet_NaN();
+  /// The peak during the run (CUDA: peak allocated by the caching allocator; CPU: peak resident
+  /// set of the process) and what it is measured against (device memory; the machine's RAM). -1: unknown.
+  std::int64_t peak_memory_bytes = -1;
+  std::int64_t memory_limit_bytes = -1;
+  /// The reading taken by summarize().
+  memory::MemorySnapshot memory{};
+
+  const PhaseSummary& operator[](Phase p) const noexcept { return phases[static_cast<std::size_t>(p)]; }
+};
+
+namespace detail {
+inline PhaseSummary phase_summary(std::vector<float>& window, double total_ms, std::int64_t steps) {
+  PhaseSummary s;
+  s.mean_ms = steps > 0 ? total_ms / static_cast<double>(steps) : 0.0;
+  if (window.empty()) return s;
+  std::sort(window.begin(), window.end());
+  const auto rank = [&](double q) {  // nearest rank: the smallest value with at least q of the values <= it
+    const auto n = static_cast<double>(window.size());
+    const auto i = static_cast<std::size_t>(std::max(1.0, std::ceil(q * n))) - 1;
+    return static_cast<double>(window[std::min(i, window.size() - 1)]);
+  };
+  s.p50_ms = rank(0.50);
+  s.p90_ms = rank(0.90);
+  s.p99_ms = rank(0.99);
+  s.max_ms = static_cast<double>(window.back());
+  return s;
+}
+
+inline std::string megabytes(std::int64_t bytes) {
+  if (bytes < 0) return "unknown";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / 1048576.0);
+  return buf;
+}
+}  // namespace detail
+
+/// The figures of everything the recorder has counted. On a GPU it first reads the events still
+/// pending (waits for the device once).
+inline Summary summarize(Recorder& recorder) {
+  recorder.resolve();
+  Summary s;
+  s.device = recorder.device_type();
+  s.device_timed = recorder.device_timed();
+  s.memory = recorder.read_memory();
+  const Totals& t = recorder.totals();
+  s.steps = t.steps;
+  s.samples = t.samples;
+  s.seconds = t.step_ms / 1000.0;
+  s.samples_per_s = s.seconds > 0 ? static_cast<double>(t.samples) / s.seconds : 0.0;
+  s.steps_per_s = s.seconds > 0 ? static_cast<double>(t.steps) / s.seconds : 0.0;
+
+  const auto records = recorder.window();
+  std::vector<float> values;
+  values.reserve(records.size());
+  for (int p = 0; p < phase_count; ++p) {
+    values.clear();
+    for (const auto& r : records) values.push_back(r.phase_ms[static_cast<std::size_t>(p)]);
+    s.phases[static_cast<std::size_t>(p)] = detail::phase_summary(values, t.phase_ms[static_cast<std::size_t>(p)], t.steps);
+  }
+  values.clear();
+  for (const auto& r : records) values.push_back(r.step_ms);
+  s.step = detail::phase_summary(values, t.step_ms, t.steps);
+  s.step.share = 1.0;
+  for (auto& p : s.phases) p.share = s.step.mean_ms > 0 ? p.mean_ms / s.step.mean_ms : 0.0;
+
+  if (s.device == c10::DeviceType::CUDA) {
+    s.device_idle_fraction = t.steps > 0 ? static_cast<double>(t.idle_steps) / static_cast<double>(t.steps) : 0.0;
+    if (s.memory.cuda) {
+      s.peak_memory_bytes = std::max(t.peak_cuda_allocated_bytes, s.memory.cuda->peak_allocated_bytes);
+      s.memory_limit_bytes = s.memory.cuda->total_bytes;
+    }
+  } else {
+    s.peak_memory_bytes = std::max(t.peak_cpu_resident_bytes,
+                                   std::max(s.memory.cpu.peak_resident_bytes, s.memory.cpu.resident_bytes));
+    s.memory_limit_bytes = s.memory.cpu.total_bytes;
+  }
+  return s;
+}
+
+/// A table of the summary, for a terminal or a log.
+inline std::string format(const Summary& s) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line, "%lld steps, %lld samples in %.2f s: %.1f samples/s, %.2f steps/s (%s%s)\n",
+                static_cast<long long>(s.steps), static_cast<long long>(s.samples), s.seconds, s.samples_per_s,
+                s.steps_per_s, c10::DeviceTypeName(s.device, /*lower_case=*/true).c_str(),
+                s.device_timed ? ", device times from CUDA events" : ", host clock");
+  out += line;
+  std::snprintf(line, sizeof line, "%-10s %9s %9s %9s %9s %9s %7s\n", "phase", "mean ms", "p50 ms", "p90 ms", "p99 ms",
+                "max ms", "share");
+  out += line;
+  static constexpr std::array<const char*, phase_count> names{"data", "forward", "backward", "optimizer"};
+  const auto row = [&](const char* name, const PhaseSummary& p) {
+    std::snprintf(line, sizeof line, "%-10s %9.3f %9.3f %9.3f %9.3f %9.3f %6.1f%%\n", name, p.mean_ms, p.p50_ms, p.p90_ms,
+                  p.p99_ms, p.max_ms, 100.0 * p.share);
+    out += line;
+  };
+  for (int p = 0; p < phase_count; ++p) row(names[static_cast<std::size_t>(p)], s.phases[static_cast<std::size_t>(p)]);
+  row("step", s.step);
+  std::snprintf(line, sizeof line, "peak memory %s of %s (%s)", detail::megabytes(s.peak_memory_bytes).c_str(),
+                detail::megabytes(s.memory_limit_bytes).c_str(),
+                s.device == c10::DeviceType::CUDA ? "CUDA caching allocator, peak allocated" : "process peak resident set");
+  out += line;
+  if (!std::isnan(s.device_idle_fraction)) {
+    std::snprintf(line, sizeof line, "; device idle at %.0f%% of step starts", 100.0 * s.device_idle_fraction);
+    out += line;
+  }
+  out += "\n";
+  return out;
+}
+
+/// What limits a run.
+enum class Bottleneck { data, memory, launch, optimizer, compute };
+
+/// One finding and what to do about it.
+struct Advice {
+  Bottleneck kind = Bottleneck::compute;
+  /// What the figures show, with the numbers.
+  std::string finding;
+  /// What to try.
+  std::string suggestion;
+  std::string text() const { return finding + ": " + suggestion; }
+};
+
+/// The thresholds of bottlenecks().
+struct AdviceOptions {
+  /// Data-bound when the data wait exceeds this share of a step.
+  double data_share = 0.30;
+  /// Memory-bound when the peak exceeds this share of the limit.
+  double memory_share = 0.90;
+  /// Launch-bound (GPU) when a step is shorter than this...
+  double launch_step_ms = 10.0;
+  /// ...and the device was idle at the start of more than this share of the steps.
+  double idle_fraction = 0.5;
+  /// Optimizer-heavy when the optimizer takes more than this share of forward + backward + optimizer.
+  double optimizer_share = 0.40;
+};
+
+/// Plain advice from the figures, most pressing first; one `compute` entry when nothing stands out.
+inline std::vector<Advice> bottlenecks(const Summary& s, const AdviceOptions& o = {}) {
+  std::vector<Advice> out;
+  char buf[320];
+  if (s.steps == 0) {
+    out.push_back({Bottleneck::compute, "no steps were counted",
+                   "train for more steps than monitor::Phases' warmup_steps before asking"});
+    return out;
+  }
+  const auto& data = s[Phase::data];
+  if (data.share > o.data_share) {
+    std::snprintf(buf, sizeof buf, "data-bound: the step waits %.1f ms for data, %.0f%% of a %.1f ms step",
+                  data.mean_ms, 100.0 * data.share, s.step.mean_ms);
+    out.push_back({Bottleneck::data, buf,
+                   "load ahead with nitro::Prefetcher (prefetch<Device>(source, {.depth, .workers})), add loader "
+                   "workers, or put a nitro::Cache in front of the data set so later epochs read from memory"});
+  }
+  if (s.peak_memory_bytes > 0 && s.memory_limit_bytes > 0 &&
+      static_cast<double>(s.peak_memory_bytes) > o.memory_share * static_cast<double>(s.memory_limit_bytes)) {
+    std::snprintf(buf, sizeof buf, "memory-bound: peak %s is %.0f%% of %s", detail::megabytes(s.peak_memory_bytes).c_str(),
+                  100.0 * static_cast<double>(s.peak_memory_bytes) / static_cast<double>(s.memory_limit_bytes),
+                  detail::megabytes(s.memory_limit_bytes).c_str());
+    out.push_back({Bottleneck::memory, buf,
+                   "recompute activations (checkpoint::Sqrt), use smaller micro-batches with accumulation "
+                   "(accumulate::Fixed or Adaptive), or bf16 (level::Advanced)"});
+  }
+  if (s.device == c10::DeviceType::CUDA && s.step.mean_ms < o.launch_step_ms &&
+      s.device_idle_fraction > o.idle_fraction && data.share <= o.data_share) {
+    std::snprintf(buf, sizeof buf,
+                  "launch-bound: %.2f ms steps and the GPU idle at the start of %.0f%% of them: it waits for the host",
+                  s.step.mean_ms, 100.0 * s.device_idle_fraction);
+    out.push_back({Bottleneck::launch, buf,
+                   "give the GPU more work per launch: a larger batch (memory::find_max_batch_size), fewer small "
+                   "operations (foreach/fused optimizers), CUDA graphs"});
+  }
+  const double compute = s[Phase::forward].mean_ms + s[Phase::backward].mean_ms + s[Phase::optimizer].mean_ms;
+  if (compute > 0 && s[Phase::optimizer].mean_ms / compute > o.optimizer_share) {
+    std::snprintf(buf, sizeof buf, "optimizer-heavy: the optimizer takes %.0f%% of forward + backward + optimizer",
+                  100.0 * s[Phase::optimizer].mean_ms / compute);
+    out.push_back({Bottleneck::optimizer, buf,
+                   "use a foreach or fused optimizer, or step less often with gradient accumulation"});
+  }
+  if (out.empty()) {
+    std::snprintf(buf, sizeof buf, "compute-bound: forward %.0f%%, backward %.0f%%, optimizer %.0f%%, data %.0f%% of a step",
+                  100.0 * s[Phase::forward].share, 100.0 * s[Phase::backward].share, 100.0 * s[Phase::optimizer].share,
+                  100.0 * data.share);
+    out.push_back({Bottleneck::compute, buf,
+                   "the model's arithmetic sets the pace: mixed precision (level::Advanced) on a GPU with bf16, "
+                   "or a larger batch if memory allows"});
+  }
+  return out;
+}
+
+/// The advice as lines.
+inline std::string format(const std::vector<Advice>& advice) {
+  std::string out;
+  for (const auto& a : advice) out += "  - " + a.text() + "\n";
+  return out;
+}
+
+}  // namespace nitro::monitor

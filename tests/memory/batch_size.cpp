@@ -1,0 +1,175 @@
+#include <nitro/memory/batch_size.hpp>
+#include <nitro/memory/tracking_allocator.hpp>
+
+#include "testing.hpp"
+
+#include <cmath>
+#include <vector>
+
+using nitro::memory::BatchSizeOptions;
+using nitro::memory::SearchMode;
+using nitro::memory::find_max_batch_size;
+
+namespace {
+
+constexpr std::int64_t kRowBytes = 4096;  // a float row of 1024
+
+// A trial that holds batch x 1024 floats, and a temporary half as large, at once.
+void rows_trial(std::int64_t batch) {
+  const auto a = torch::empty({batch, 1024}, torch::kFloat);
+  const auto b = torch::empty({(batch + 1) / 2, 1024}, torch::kFloat);
+  (void)a;
+  (void)b;
+}
+
+// Live bytes of rows_trial(batch).
+std::int64_t rows_bytes(std::int64_t batch) { return (batch + (batch + 1) / 2) * kRowBytes; }
+
+}  // namespace
+
+TEST_CASE("binsearch returns exactly the largest fitting batch under a CPU budget within ceil(log2(max/min)) + 2 trials") {
+  for (const std::int64_t answer : {1, 2, 7, 300, 511, 512, 700, 999, 1000}) {
+    nitro::memory::ScopedCpuTracking track{{.budget_bytes = rows_bytes(answer) + 100}};
+    const auto r = find_max_batch_size(rows_trial, {.mode = SearchMode::binsearch, .min = 1, .max = 1000, .trials_per_size = 1});
+    CAPTURE(answer);
+    CHECK(r.batch_size == answer);
+    CHECK(r.largest_fit == answer);
+    CHECK(r.first_failure == (answer == 1000 ? -1 : answer + 1));
+    CHECK(r.trials <= static_cast<int>(std::ceil(std::log2(1000.0))) + 2);
+    CHECK(r.trials == static_cast<int>(r.history.size()));
+    CHECK(track.stats().live_bytes == 0);  // every trial's memory was given back
+  }
+}
+
+TEST_CASE("power doubles to the last fitting power of two times min and counts calls per size") {
+  nitro::memory::ScopedCpuTracking track{{.budget_bytes = rows_bytes(700) + 100}};
+  const auto r = find_max_batch_size(rows_trial, {.mode = SearchMode::power, .min = 3, .max = 5000, .trials_per_size = 3});
+  CHECK(r.largest_fit == 384);  // 3, 6, ..., 384 fit; 768 does not
+  CHECK(r.first_failure == 768);
+  CHECK(r.trials == 9);
+  CHECK(r.trials <= static_cast<int>(std::ceil(std::log2(5000.0 / 3.0))) + 1);
+  CHECK(r.calls == 8 * 3 + 1);  // the failing size stops at its first call
+}
+
+TEST_CASE("power tries max itself last when doubling passes it") {
+  nitro::memory::ScopedCpuTracking roomy{{.budget_bytes = rows_bytes(5000) + 100}};
+  const auto all = find_max_batch_size(rows_trial, {.mode = SearchMode::power, .min = 3, .max = 5000, .trials_per_size = 1});
+  CHECK(all.largest_fit == 5000);
+  CHECK(all.history.back().batch_size == 5000);
+}
+
+TEST_CASE("margin backs off a fraction of the largest fit but never below min") {
+  nitro::memory::ScopedCpuTracking track{{.budget_bytes = rows_bytes(700) + 100}};
+  CHECK(find_max_batch_size(rows_trial, {.min = 1, .max = 1000, .margin = 0.1, .trials_per_size = 1}).batch_size == 630);
+  CHECK(find_max_batch_size(rows_trial, {.min = 690, .max = 1000, .margin = 0.5, .trials_per_size = 1}).batch_size == 690);
+}
+
+TEST_CASE("the finder leaves parameters gradients optimizer state and the random generator bitwise unchanged") {
+  torch::manual_seed(0);
+  // Wide: a row's activations (about 20 KB) are what the batch size changes.
+  auto model = torch::nn::Sequential(torch::nn::Linear(64, 1024), torch::nn::Functional(torch::relu),
+                                     torch::nn::BatchNorm1d(1024), torch::nn::Linear(1024, 8));
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+  // One real step first, so there is optimizer state and gradients to keep.
+  model->forward(torch::randn({16, 64})).pow(2).mean().backward();
+  opt.step();
+  std::vector<at::Tensor> params, grads, buffers, exp_avg;
+  for (const auto& p : model->parameters()) {
+    params.push_back(p.detach().clone());
+    grads.push_back(p.grad().clone());
+    const auto& s = static_cast<torch::optim::AdamParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+    exp_avg.push_back(s.exp_avg().clone());
+  }
+  for (const auto& b : model->buffers()) buffers.push_back(b.clone());
+  const auto rng = at::detail::getDefaultCPUGenerator().get_state();
+
+  const auto trial = [&](std::int64_t batch) {
+    const auto x = torch::randn({batch, 64});
+    opt.param_groups()[0].options().set_lr(0.5);  // e.g. a warm-up schedule
+    opt.zero_grad();
+    model->forward(x).pow(2).mean().backward();
+    opt.step();
+  };
+  // Ground truth: each size tried on its own from the same state, upwards until one fails.
+  std::int64_t budget = 0, expected = 0;
+  {
+    nitro::memory::ScopedCpuTracking probe;
+    nitro::memory::StateBackup backup(model.ptr().get(), &opt);
+    probe.reset_peak();
+    trial(40);
+    budget = probe.stats().peak_bytes;  // what batch 40 needs, the backup's copies included
+    backup.restore();
+  }
+  {
+    nitro::memory::ScopedCpuTracking probe{{.budget_bytes = budget}};
+    nitro::memory::StateBackup backup(model.ptr().get(), &opt);
+    for (std::int64_t b = 2; b <= 64; ++b) {  // BatchNorm needs 2 rows
+      bool fit = true;
+      try {
+        trial(b);
+      } catch (const c10::OutOfMemoryError&) {
+        fit = false;
+      }
+      backup.restore();
+      if (!fit) break;
+      expected = b;
+    }
+  }
+  REQUIRE(expected >= 40);
+  REQUIRE(expected < 64);
+  nitro::memory::ScopedCpuTracking track{{.budget_bytes = budget}};
+  const auto r = find_max_batch_size(trial, {.min = 2, .max = 64, .trials_per_size = 1, .model = model.ptr().get(), .optimizer = &opt});
+  CHECK(r.batch_size == expected);
+
+  const auto ps = model->parameters();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    CHECK(torch::equal(ps[i], params[i]));
+    CHECK(torch::equal(ps[i].grad(), grads[i]));
+    const auto& s = static_cast<torch::optim::AdamParamState&>(*opt.state().at(ps[i].unsafeGetTensorImpl()));
+    CHECK(torch::equal(s.exp_avg(), exp_avg[i]));
+    CHECK(s.step() == 1);
+  }
+  const auto bs = model->buffers();
+  for (size_t i = 0; i < bs.size(); ++i) CHECK(torch::equal(bs[i], buffers[i]));
+  CHECK(torch::equal(at::detail::getDefaultCPUGenerator().get_state(), rng));
+  CHECK(opt.param_groups()[0].options().get_lr() == 1e-2);
+  CHECK(r.trials <= 1 + static_cast<int>(std::ceil(std::log2(63.0))));
+}
+
+TEST_CASE("a first size that already fails is an error that says so with the size and the memory") {
+  nitro::memory::ScopedCpuTracking track{{.budget_bytes = 1000}};
+  CHECK_THROWS_WITH_AS(find_max_batch_size(rows_trial, {.min = 4, .max = 64}),
+                       doctest::Contains("min = 4, already runs out of memory"), nitro::Error);
+  try {
+    find_max_batch_size(rows_trial, {.min = 4, .max = 64});
+  } catch (const nitro::Error& e) {
+    CHECK(std::string(e.what()).find("memory now:") != std::string::npos);
+    CHECK(std::string(e.what()).find("budget of 1000 bytes") != std::string::npos);
+  }
+}
+
+TEST_CASE("other errors of a trial reach the caller after the state is put back") {
+  torch::manual_seed(0);
+  torch::nn::Linear model(4, 4);
+  const auto before = model->weight.detach().clone();
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  const auto trial = [&](std::int64_t batch) {
+    model->forward(torch::ones({batch, 4})).sum().backward();
+    opt.step();
+    if (batch > 2) throw std::runtime_error("bad batch");
+  };
+  CHECK_THROWS_WITH_AS(find_max_batch_size(trial, {.min = 1, .max = 8, .model = model.ptr().get(), .optimizer = &opt}),
+                       "bad batch", std::runtime_error);
+  CHECK(torch::equal(model->weight, before));
+  CHECK_FALSE(model->weight.grad().defined());
+}
+
+TEST_CASE("finder bad options name the option") {
+  const auto t = [](std::int64_t) {};
+  CHECK_THROWS_WITH_AS(find_max_batch_size(t, {.min = 0}), doctest::Contains("min must be >= 1"), nitro::Error);
+  CHECK_THROWS_WITH_AS(find_max_batch_size(t, {.min = 8, .max = 4}), doctest::Contains("max (4) must be >= min (8)"),
+                       nitro::Error);
+  CHECK_THROWS_WITH_AS(find_max_batch_size(t, {.margin = 1.0}), doctest::Contains("margin must be in [0, 1)"), nitro::Error);
+  CHECK_THROWS_WITH_AS(find_max_batch_size(t, {.margin = -0.1}), doctest::Contains("margin"), nitro::Error);
+  CHECK_THROWS_WITH_AS(find_max_batch_size(t, {.trials_per_size = 0}), doctest::Contains("trials_per_size"), nitro::Error);
+}

@@ -1,0 +1,162 @@
+#include <nitro/monitor/phases.hpp>
+#include <nitro/monitor/report.hpp>
+#include <nitro/train/levels.hpp>
+
+#include "testing.hpp"
+
+#include <chrono>
+#include <thread>
+#include <type_traits>
+
+using namespace std::chrono_literals;
+using nitro::Phase;
+
+namespace {
+
+using MonitoredLoop = nitro::TrainingLoop<nitro::amp::Off, nitro::accumulate::Off, nitro::checkpoint::Off,
+                                          nitro::monitor::Phases>;
+
+// Busy for `d` on this thread (a sleep can overshoot a lot on a loaded machine; a spin cannot undershoot).
+void spin(std::chrono::microseconds d) {
+  const auto end = std::chrono::steady_clock::now() + d;
+  while (std::chrono::steady_clock::now() < end) {
+  }
+}
+
+}  // namespace
+
+TEST_CASE("monitor::Off is empty and the loop never calls it") {
+  static_assert(std::is_empty_v<nitro::monitor::Off::Recorder>);
+  static_assert(!nitro::monitor::Off::enabled);
+  static_assert(nitro::MonitorPolicy<nitro::monitor::Phases>);
+  static_assert(std::is_same_v<nitro::level::Basic::monitor_policy, nitro::monitor::Off>);
+  static_assert(std::is_same_v<MonitoredLoop::monitor_policy, nitro::monitor::Phases>);
+  // A monitor and a clip policy together, in either order.
+  using Both = nitro::TrainingLoop<nitro::amp::Off, nitro::accumulate::Off, nitro::checkpoint::Off, nitro::clip::Norm,
+                                   nitro::monitor::Phases>;
+  static_assert(std::is_same_v<Both::clip_policy, nitro::clip::Norm>);
+  static_assert(std::is_same_v<Both::monitor_policy, nitro::monitor::Phases>);
+}
+
+TEST_CASE("the training loop times each phase: a slow data source shows as data wait and is flagged data-bound") {
+  torch::manual_seed(0);
+  torch::nn::Linear model(8, 1);
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  MonitoredLoop loop{model, opt, {.monitor = {.window = 16, .warmup_steps = 1}}};
+  const auto x = torch::randn({4, 8}), y = torch::randn({4, 1});
+  constexpr int kSteps = 21;
+  for (int i = 0; i < kSteps; ++i) {
+    spin(6ms);  // "loading the batch"
+    loop.step(std::make_pair(x, y), [&](const auto& b) {
+      spin(2ms);  // a slow forward
+      return torch::mse_loss(model->forward(b.first), b.second);
+    });
+  }
+  const auto& t = loop.monitor().totals();
+  CHECK(t.steps == kSteps - 1);  // warm-up left out
+  CHECK(t.samples == 4 * (kSteps - 1));
+  const auto s = nitro::monitor::summarize(loop.monitor());
+  CHECK(s.steps == kSteps - 1);
+  CHECK(s[Phase::data].mean_ms >= 6.0);
+  CHECK(s[Phase::data].mean_ms < 60.0);
+  CHECK(s[Phase::forward].mean_ms >= 2.0);
+  CHECK(s[Phase::forward].p50_ms >= 2.0);
+  CHECK(s[Phase::backward].mean_ms > 0.0);
+  CHECK(s[Phase::optimizer].mean_ms > 0.0);
+  CHECK(s.step.mean_ms >= 8.0);
+  // The phases add up to the step (the only time outside them is the loop's own bookkeeping).
+  double sum = 0;
+  for (const auto& p : s.phases) sum += p.mean_ms;
+  CHECK(sum == doctest::Approx(s.step.mean_ms).epsilon(0.01));
+  CHECK(s.samples_per_s == doctest::Approx(4.0 * 1000.0 / s.step.mean_ms).epsilon(1e-6));
+  CHECK(loop.monitor().window().size() == 16);  // the window keeps the last 16
+  CHECK(loop.monitor().window().back().step == kSteps - 1);
+  CHECK(s.peak_memory_bytes > 0);
+  CHECK(s.memory_limit_bytes >= s.peak_memory_bytes);
+
+  const auto advice = nitro::monitor::bottlenecks(s);
+  REQUIRE_FALSE(advice.empty());
+  CHECK(advice.front().kind == nitro::monitor::Bottleneck::data);
+  CHECK(advice.front().text().find("Prefetcher") != std::string::npos);
+  const auto table = nitro::monitor::format(s);
+  CHECK(table.find("forward") != std::string::npos);
+  CHECK(table.find("20 steps, 80 samples") != std::string::npos);
+}
+
+TEST_CASE("no data wait: not flagged data-bound") {
+  torch::manual_seed(0);
+  torch::nn::Linear model(8, 1);
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  MonitoredLoop loop{model, opt};
+  const auto x = torch::randn({4, 8}), y = torch::randn({4, 1});
+  for (int i = 0; i < 12; ++i) {
+    loop.step(std::make_pair(x, y), [&](const auto& b) {
+      spin(3ms);
+      return torch::mse_loss(model->forward(b.first), b.second);
+    });
+  }
+  const auto s = nitro::monitor::summarize(loop.monitor());
+  CHECK(s.steps == 10);
+  for (const auto& a : nitro::monitor::bottlenecks(s)) CHECK(a.kind != nitro::monitor::Bottleneck::data);
+  loop.monitor().reset();
+  CHECK(loop.monitor().totals().steps == 0);
+  CHECK(loop.monitor().window().empty());
+}
+
+TEST_CASE("the recorder adds up repeated marks of a phase and reads memory every memory_every steps") {
+  nitro::monitor::Recorder r({.window = 4, .warmup_steps = 0, .memory_every = 2});
+  for (int i = 0; i < 4; ++i) {
+    r.begin_step();
+    spin(1ms);
+    r.mark(Phase::forward);
+    r.mark(Phase::backward);
+    spin(1ms);
+    r.mark(Phase::forward);  // a second part (accumulate::Adaptive)
+    r.mark(Phase::backward);
+    r.mark(Phase::optimizer);
+    r.end_step(3);
+  }
+  CHECK(r.totals().steps == 4);
+  CHECK(r.totals().samples == 12);
+  CHECK(r.totals().memory_readings == 2);
+  CHECK(r.totals().peak_cpu_resident_bytes > 0);
+  for (const auto& rec : r.window()) CHECK(rec.phase_ms[static_cast<int>(Phase::forward)] >= 2.0f);
+  CHECK_FALSE(r.device_timed());
+}
+
+TEST_CASE("percentiles are nearest-rank over the window") {
+  std::vector<float> v;
+  for (int i = 100; i >= 1; --i) v.push_back(static_cast<float>(i));
+  const auto s = nitro::monitor::detail::phase_summary(v, 5050.0, 100);
+  CHECK(s.mean_ms == 50.5);
+  CHECK(s.p50_ms == 50.0);
+  CHECK(s.p90_ms == 90.0);
+  CHECK(s.p99_ms == 99.0);
+  CHECK(s.max_ms == 100.0);
+  std::vector<float> one{7.0f};
+  CHECK(nitro::monitor::detail::phase_summary(one, 7.0, 1).p99_ms == 7.0);
+}
+
+TEST_CASE("monitor::Phases bad options") {
+  CHECK_THROWS_WITH_AS(nitro::monitor::Recorder({.window = 0}), doctest::Contains("window must be >= 1"), nitro::Error);
+  CHECK_THROWS_WITH_AS(nitro::monitor::Recorder({.warmup_steps = -1}), doctest::Contains("warmup_steps"), nitro::Error);
+  CHECK_THROWS_WITH_AS(nitro::monitor::Recorder({.memory_every = -1}), doctest::Contains("memory_every"), nitro::Error);
+}
+
+TEST_CASE("GPU phases come from CUDA events without a synchronisation per step" * nitro::test::needs_gpu()) {
+  torch::manual_seed(0);
+  torch::nn::Linear model(1024, 1024);
+  model->to(nitro::Cuda::device());
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  MonitoredLoop loop{model, opt, {.monitor = {.warmup_steps = 1}}};
+  const auto x = torch::randn({4096, 1024}, torch::kCUDA);
+  for (int i = 0; i < 20; ++i)
+    loop.step(x, [&](const at::Tensor& b) { return model->forward(b).pow(2).mean(); });
+  CHECK(loop.monitor().device_timed());
+  const auto s = nitro::monitor::summarize(loop.monitor());
+  CHECK(s.steps == 19);
+  CHECK(s[Phase::forward].mean_ms > 0.0);
+  CHECK(s[Phase::backward].mean_ms > s[Phase::forward].mean_ms * 0.5);
+  CHECK(s.peak_memory_bytes >= 4096 * 1024 * 4);
+  CHECK_FALSE(std::isnan(s.device_idle_fraction));
+}
