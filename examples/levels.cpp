@@ -135,21 +135,26 @@ Row train_level(const std::string& name, const std::string& file, const Args& ar
                               nitro::monitor::CsvSink{std::filesystem::path(args.metrics) / (file + ".csv")}};
   const auto start = std::chrono::steady_clock::now();
   auto last = start;
-  std::int64_t step = 0;
-  constexpr std::int64_t kEvery = 10;  // a metrics row (and one .item()) every 10 steps
+  std::int64_t written = 0, samples = 0, samples_then = 0;
+  // A metrics row (and one .item()) every 10 optimizer steps, so levels with accumulation line up.
+  constexpr std::int64_t kEvery = 10;
   auto watch = [&](const at::Tensor& loss, const PeakMemory& memory) {
     bar.update(1, loss);
-    if (++step % kEvery != 0) return;
+    samples += micro_batch;
+    const std::int64_t step = loop.optimizer_steps();
+    if (step % kEvery != 0 || step == written) return;
+    written = step;
     const auto now = std::chrono::steady_clock::now();
     const auto [live, peak] = memory.bytes();
     sinks.write({.step = step,
                  .time_s = std::chrono::duration<double>(now - start).count(),
                  .loss = loss.item<double>(),
                  .lr = optimizer.param_groups()[0].options().get_lr(),
-                 .samples_per_s = static_cast<double>(kEvery * micro_batch) / std::chrono::duration<double>(now - last).count(),
+                 .samples_per_s = static_cast<double>(samples - samples_then) / std::chrono::duration<double>(now - last).count(),
                  .memory_bytes = live,
                  .peak_memory_bytes = peak});
     last = now;
+    samples_then = samples;
   };
   Row row = train(
       name, model, args, micro_batch,
@@ -224,7 +229,7 @@ int main(int argc, char** argv) try {
     if (r.report.empty()) continue;
     std::printf("\n%s, monitor::Phases (per micro-batch step):\n%s", r.name.c_str(), r.report.c_str());
   }
-  std::printf("\nmetrics (a row every 10 steps): %s/{basic,advanced,ultra}.{jsonl,csv}; plot them with\n"
+  std::printf("\nmetrics (a row every 10 optimizer steps): %s/{basic,advanced,ultra}.{jsonl,csv}; plot them with\n"
               "  python3 bench/plot_metrics.py %s/*.jsonl -o metrics.png\n",
               args.metrics.c_str(), args.metrics.c_str());
   return 0;

@@ -15,8 +15,10 @@
 //                    the least activation memory, for models that do not fit otherwise.
 //
 // Measured (CPU, 2 cores, no GPU; make demo, CNN on SyntheticImages, batch 64, 2 epochs):
-//   plain loop 3166 samples/s, 17.0 MB peak;  Basic 3523 samples/s, 17.3 MB, same loss and accuracy;
-//   Advanced 509 samples/s, 15.0 MB (no bf16 arithmetic on that CPU);  Ultra 289 samples/s, 5.9 MB.
+//   without bf16 arithmetic: plain loop 3166 samples/s, 17.0 MB peak;  Basic 3523 samples/s, 17.3 MB,
+//   same loss and accuracy;  Advanced 509 samples/s, 15.0 MB;  Ultra 289 samples/s, 5.9 MB.
+//   with AVX-512 BF16 (AMD EPYC): plain 5798, Basic 5130 (with monitor::Phases), Advanced 5675
+//   samples/s, 12.2 MB;  Ultra 3736 samples/s, 5.9 MB. samples/s vary by 10% or more between runs.
 //   bench_loop_overhead: Basic / hand-written loop = 0.998 (goal <= 1.02). Not yet measured on a GPU.
 //
 // Add a policy to a level with `level::with`: `level::with<level::Advanced, monitor::Phases>`.
