@@ -83,17 +83,7 @@ int main(int argc, char** argv) {
     hand_step();
     loop_step();
   }
-  std::vector<double> hand, ours;
-  for (int r = 0; r < rounds; ++r) {
-    // Alternate which goes first, so drift in the machine's speed falls on both alike.
-    for (int order = 0; order < 2; ++order) {
-      const bool hand_now = (r + order) % 2 == 0;
-      for (int i = 0; i < per_round; ++i) {
-        if (hand_now) hand.push_back(nitro::bench::seconds(hand_step));
-        else ours.push_back(nitro::bench::seconds(loop_step));
-      }
-    }
-  }
+  const auto [hand, ours] = nitro::bench::interleaved(hand_step, loop_step, rounds, per_round);
   const double h = nitro::bench::median(hand), o = nitro::bench::median(ours);
   std::printf("bench_loop_overhead: CNN 3x32x32, batch 32, SGD, %s (%s), %zu steps each, interleaved\n",
               gpu ? "cuda" : "cpu", nitro::bench::machine().c_str(), hand.size());

@@ -45,16 +45,7 @@ int main(int argc, char** argv) {
     plain_step();
     watched_step();
   }
-  std::vector<double> off, on;
-  for (int r = 0; r < rounds; ++r) {
-    for (int order = 0; order < 2; ++order) {
-      const bool plain_now = (r + order) % 2 == 0;
-      for (int i = 0; i < per_round; ++i) {
-        if (plain_now) off.push_back(nitro::bench::seconds(plain_step));
-        else on.push_back(nitro::bench::seconds(watched_step));
-      }
-    }
-  }
+  const auto [off, on] = nitro::bench::interleaved(plain_step, watched_step, rounds, per_round);
   bar.close();
   const double a = nitro::bench::median(off), b = nitro::bench::median(on);
   const auto summary = nitro::monitor::summarize(watched.monitor());

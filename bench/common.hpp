@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if NITRO_WITH_CUDA
@@ -38,6 +39,24 @@ inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const auto n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/// Times two steps in alternating blocks (`rounds` rounds of `per_round` steps of each, the one
+/// going first alternating), so drift in the machine's speed falls on both alike. Returns each
+/// one's step times in seconds.
+template <class A, class B>
+std::pair<std::vector<double>, std::vector<double>> interleaved(A&& a, B&& b, int rounds, int per_round) {
+  std::vector<double> ta, tb;
+  for (int r = 0; r < rounds; ++r) {
+    for (int order = 0; order < 2; ++order) {
+      const bool a_now = (r + order) % 2 == 0;
+      for (int i = 0; i < per_round; ++i) {
+        if (a_now) ta.push_back(seconds(a));
+        else tb.push_back(seconds(b));
+      }
+    }
+  }
+  return {std::move(ta), std::move(tb)};
 }
 
 /// Prints `RESULT name=value goal<op>goal PASS|MISS`; op is "<=" or ">=".

@@ -13,7 +13,14 @@
 // every test by CMake) turns that into text.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
 #include <sstream>
+#include <string>
+#include <system_error>
+#include <vector>
 
 namespace nitro::test {
 /// How a failed CHECK prints a LibTorch value: through LibTorch's own operator<<.
@@ -37,5 +44,40 @@ namespace nitro::test {
 /// Decorator for a test case that needs a GPU: skipped, and reported as skipped, where none is present.
 ///   TEST_CASE("copies arrive intact" * nitro::test::needs_gpu()) { ... }
 inline auto needs_gpu() { return doctest::skip(!nitro::Cuda::available()); }
+
+}  // namespace nitro::test
+
+namespace nitro::test {
+
+/// Removes `p` and everything under it. Not std::filesystem::remove_all: libtorch.so (2.11) exports
+/// its own copy of it, which the dynamic linker prefers and which crashes (a call through a null
+/// pointer) on a directory that is not empty.
+inline void remove_tree(const std::filesystem::path& p) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(fs::symlink_status(p, ec))) {
+    std::vector<fs::path> children;
+    for (const auto& e : fs::directory_iterator(p, ec)) children.push_back(e.path());
+    for (const auto& child : children) remove_tree(child);
+  }
+  fs::remove(p, ec);
+}
+
+/// A fresh path `<tmp>/<prefix>-<pid>-<n>` (created as an empty directory if asked), removed with
+/// everything in it at scope exit.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& prefix, bool create) {
+    static std::atomic<int> counter{0};
+    path = std::filesystem::temp_directory_path() /
+           (prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    remove_tree(path);
+    if (create) std::filesystem::create_directories(path);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() { remove_tree(path); }
+  std::filesystem::path operator/(const std::string& name) const { return path / name; }
+};
 
 }  // namespace nitro::test

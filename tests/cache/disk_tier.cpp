@@ -23,30 +23,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-/// Removes `p` and everything under it. Not fs::remove_all: libtorch.so (2.11) exports its own copy
-/// of std::filesystem::remove_all, which the dynamic linker prefers and which crashes (a call through
-/// a null pointer) on a directory that is not empty.
-void remove_tree(const fs::path& p) {
-  std::error_code ec;
-  if (fs::is_directory(fs::symlink_status(p, ec))) {
-    std::vector<fs::path> children;
-    for (const auto& e : fs::directory_iterator(p, ec)) children.push_back(e.path());
-    for (const auto& child : children) remove_tree(child);
-  }
-  fs::remove(p, ec);
-}
-
-/// A fresh directory under the system's temporary one, removed with everything in it at scope exit.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("nitro-disk-tier-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    remove_tree(path);
-  }
-  ~TempDir() { remove_tree(path); }
-  fs::path operator/(const std::string& name) const { return path / name; }
+/// A fresh path under the system's temporary directory (not yet created: the tier makes it).
+struct TempDir : nitro::test::TempDir {
+  TempDir() : nitro::test::TempDir("nitro-disk-tier-test", /*create=*/false) {}
 };
 
 std::uint64_t xxh64_of(const void* data, std::size_t n, std::uint64_t seed = 0) {

@@ -22,31 +22,9 @@ using nitro::monitor::CsvSink;
 using nitro::monitor::JsonLinesSink;
 using nitro::monitor::MetricRow;
 
-/// Removes `p` and everything under it. Not fs::remove_all: libtorch.so (2.11) exports its own copy
-/// of std::filesystem::remove_all, which the dynamic linker prefers and which crashes on a directory
-/// that is not empty (see tests/cache/disk_tier.cpp).
-void remove_tree(const fs::path& p) {
-  std::error_code ec;
-  if (fs::is_directory(fs::symlink_status(p, ec))) {
-    std::vector<fs::path> children;
-    for (const auto& e : fs::directory_iterator(p, ec)) children.push_back(e.path());
-    for (const auto& child : children) remove_tree(child);
-  }
-  fs::remove(p, ec);
-}
-
 /// A fresh directory under the system's temporary one, removed with its contents at the end.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           ("nitro-sinks-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    remove_tree(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { remove_tree(path); }
-  fs::path operator/(const std::string& name) const { return path / name; }
+struct TempDir : nitro::test::TempDir {
+  TempDir() : nitro::test::TempDir("nitro-sinks", /*create=*/true) {}
 };
 
 /// The file's lines, read with a stream of its own (the sink may still be open).

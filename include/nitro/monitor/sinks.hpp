@@ -253,6 +253,21 @@ class LineFile {
   std::string first_line_;
 };
 
+/// What CsvSink and JsonLinesSink share: the file, flush, close, path, rows.
+class SinkFile {
+ public:
+  void flush() { file_.flush(); }
+  /// Flushes (fsyncs if fsync_every > 0) and closes; throws nitro::Error if that fails. Idempotent.
+  void close() { file_.close(); }
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return file_.path(); }
+  /// Rows written by this sink.
+  [[nodiscard]] std::int64_t rows() const noexcept { return file_.rows(); }
+
+ protected:
+  SinkFile(const char* sink, std::filesystem::path path, SinkOptions options) : file_(sink, std::move(path), options) {}
+  LineFile file_;
+};
+
 }  // namespace detail
 
 /// Rows as CSV, under the header `step,time_s,loss,lr,scale,samples_per_s,memory_bytes,peak_memory_bytes`.
@@ -261,11 +276,11 @@ class LineFile {
 ///
 ///   nitro::monitor::CsvSink csv{"metrics.csv", {.append = true}};
 ///   csv.write({.step = 10, .time_s = 1.5, .loss = 0.25});   // "10,1.5,0.25,,,,,\n"
-class CsvSink {
+class CsvSink : public detail::SinkFile {
  public:
   /// Opens (creates or, unless options.append, truncates) the file; throws nitro::Error if it cannot.
   explicit CsvSink(std::filesystem::path path, SinkOptions options = {})
-      : file_("CsvSink", std::move(path), options) {
+      : SinkFile("CsvSink", std::move(path), options) {
     if (file_.existing_bytes() > 0) {
       NITRO_CHECK(file_.first_line() == detail::metric_header, "CsvSink: cannot append to '", file_.path().string(),
                   "': its first line is not the header '", detail::metric_header,
@@ -298,13 +313,6 @@ class CsvSink {
     file_.put_row(line);
   }
 
-  void flush() { file_.flush(); }
-  /// Flushes (fsyncs if fsync_every > 0) and closes; throws nitro::Error if that fails. Idempotent.
-  void close() { file_.close(); }
-  [[nodiscard]] const std::filesystem::path& path() const noexcept { return file_.path(); }
-  /// Rows written by this sink.
-  [[nodiscard]] std::int64_t rows() const noexcept { return file_.rows(); }
-
  private:
   static void field(std::string& out, double value) {
     if (!std::isnan(value)) detail::append_double(out, value);
@@ -313,7 +321,6 @@ class CsvSink {
     if (value >= 0) detail::append_int(out, value);
   }
 
-  detail::LineFile file_;
 };
 
 /// Rows as JSON lines: `{"step":1,"time_s":0.5,"loss":0.25,"lr":null,...}`, keys in MetricRow's
@@ -321,11 +328,11 @@ class CsvSink {
 ///
 ///   nitro::monitor::JsonLinesSink jsonl{"metrics.jsonl"};
 ///   jsonl.write({.step = 1, .time_s = 0.5, .loss = 0.25});
-class JsonLinesSink {
+class JsonLinesSink : public detail::SinkFile {
  public:
   /// Opens (creates or, unless options.append, truncates) the file; throws nitro::Error if it cannot.
   explicit JsonLinesSink(std::filesystem::path path, SinkOptions options = {})
-      : file_("JsonLinesSink", std::move(path), options) {}
+      : SinkFile("JsonLinesSink", std::move(path), options) {}
 
   /// Writes one row; it is in the file when write returns.
   void write(const MetricRow& row) {
@@ -343,13 +350,6 @@ class JsonLinesSink {
     line += "}\n";
     file_.put_row(line);
   }
-
-  void flush() { file_.flush(); }
-  /// Flushes (fsyncs if fsync_every > 0) and closes; throws nitro::Error if that fails. Idempotent.
-  void close() { file_.close(); }
-  [[nodiscard]] const std::filesystem::path& path() const noexcept { return file_.path(); }
-  /// Rows written by this sink.
-  [[nodiscard]] std::int64_t rows() const noexcept { return file_.rows(); }
 
  private:
   static void field(std::string& out, std::string_view key, double value) {
@@ -369,7 +369,6 @@ class JsonLinesSink {
     }
   }
 
-  detail::LineFile file_;
 };
 
 static_assert(MetricSink<CsvSink>);
