@@ -15,10 +15,6 @@
 #include <string>
 #include <string_view>
 
-#if NITRO_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAFunctions.h>
-#endif
 
 namespace {
 
@@ -44,32 +40,13 @@ torch::nn::Sequential cnn() {
                                torch::nn::Linear(32 * 8 * 8, 10));
 }
 
-// Peak tensor memory of a scope: the CUDA caching allocator's on a GPU, the tracking allocator's on the CPU.
-class PeakMemory {
- public:
-  explicit PeakMemory(bool gpu) : gpu_(gpu) {
-#if NITRO_WITH_CUDA
-    if (gpu_) c10::cuda::CUDACachingAllocator::resetPeakStats(c10::cuda::current_device());
-#endif
-    if (!gpu_) cpu_.emplace();
-  }
-  double megabytes() const { return static_cast<double>(bytes().second) / 1048576.0; }
-  /// Live and peak tensor bytes.
-  std::pair<std::int64_t, std::int64_t> bytes() const {
-#if NITRO_WITH_CUDA
-    if (gpu_) {
-      const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
-      return {stats.allocated_bytes[0].current, stats.allocated_bytes[0].peak};
-    }
-#endif
-    const auto s = cpu_->stats();
-    return {s.live_bytes, s.peak_bytes};
-  }
-
- private:
-  bool gpu_;
-  std::optional<nitro::memory::ScopedCpuTracking> cpu_;
-};
+// Tensor bytes live now and at most since `scope` began: the CUDA caching allocator's on a GPU, the
+// tracked CPU tensors' on the CPU (the scope tracks them there).
+std::pair<std::int64_t, std::int64_t> tensor_bytes(const nitro::memory::PeakScope& scope) {
+  const auto r = scope.result();
+  if (r.cuda) return {nitro::memory::cuda_memory(r.cuda->device)->allocated_bytes, r.cuda->peak_allocated_bytes};
+  return {r.cpu_live_tensor_bytes.value_or(-1), r.cpu_peak_tensor_bytes.value_or(-1)};
+}
 
 // Trains `model` for the epochs with `step(x, y) -> loss tensor` per micro-batch of `batch` samples;
 // `watch(loss, memory)` after each step.
@@ -84,7 +61,7 @@ Row train(const std::string& name, torch::nn::Sequential& model, const Args& arg
   auto loader = torch::data::make_data_loader<torch::data::samplers::RandomSampler>(
       train_set.map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(batch).workers(2));
   Row row{name};
-  PeakMemory peak(gpu);
+  const nitro::memory::PeakScope peak{{.track_cpu_tensors = !gpu}};
   double seconds = 0;
   for (int epoch = 0; epoch < args.epochs; ++epoch) {
     model->train();
@@ -103,7 +80,7 @@ Row train(const std::string& name, torch::nn::Sequential& model, const Args& arg
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     row.samples_per_s = static_cast<double>(seen) * (epoch + 1) / seconds;
   }
-  row.peak_mb = peak.megabytes();
+  row.peak_mb = static_cast<double>(tensor_bytes(peak).second) / 1048576.0;
   model->eval();
   torch::NoGradGuard no_grad;
   const auto [tx, ty] = test_set.stacked(0, 1024);
@@ -138,14 +115,14 @@ Row train_level(const std::string& name, const std::string& file, const Args& ar
   std::int64_t written = 0, samples = 0, samples_then = 0;
   // A metrics row (and one .item()) every 10 optimizer steps, so levels with accumulation line up.
   constexpr std::int64_t kEvery = 10;
-  auto watch = [&](const at::Tensor& loss, const PeakMemory& memory) {
+  auto watch = [&](const at::Tensor& loss, const nitro::memory::PeakScope& memory) {
     bar.update(1, loss);
     samples += micro_batch;
     const std::int64_t step = loop.optimizer_steps();
     if (step % kEvery != 0 || step == written) return;
     written = step;
     const auto now = std::chrono::steady_clock::now();
-    const auto [live, peak] = memory.bytes();
+    const auto [live, peak] = tensor_bytes(memory);
     sinks.write({.step = step,
                  .time_s = std::chrono::duration<double>(now - start).count(),
                  .loss = loss.item<double>(),
@@ -208,7 +185,7 @@ int main(int argc, char** argv) try {
           optimizer.step();
           return loss;
         },
-        [] {}, [](const at::Tensor&, const PeakMemory&) {});
+        [] {}, [](const at::Tensor&, const nitro::memory::PeakScope&) {});
   };
   plain({.epochs = 1, .samples = 1024, .batch = args.batch});  // warm-up: thread pools, kernels, allocator
   std::vector<Row> rows;

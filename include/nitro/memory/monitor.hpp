@@ -332,8 +332,10 @@ class PeakScope {
     /// True when cpu_peak_resident_bytes is the kernel's high-water mark; false when it is the largest
     /// of the sampled RSS values, which can miss a short peak between samples.
     bool cpu_peak_resident_exact = false;
-    /// The most CPU tensor bytes allocated in the region were live at once; with track_cpu_tensors only.
+    /// The most CPU tensor bytes allocated in the region were live at once, and those live now; with
+    /// track_cpu_tensors only.
     std::optional<std::int64_t> cpu_peak_tensor_bytes;
+    std::optional<std::int64_t> cpu_live_tensor_bytes;
     /// Set when LibTorch has CUDA and a GPU is present.
     std::optional<CudaPeak> cuda;
   };
@@ -379,7 +381,11 @@ class PeakScope {
       r.cpu_peak_resident_exact = r.cpu_peak_resident_bytes >= 0;
     }
     if (!r.cpu_peak_resident_exact) r.cpu_peak_resident_bytes = std::max(sampled_peak_, resident_bytes());
-    if (tracking_) r.cpu_peak_tensor_bytes = tracking_->stats().peak_bytes;
+    if (tracking_) {
+      const auto stats = tracking_->stats();
+      r.cpu_peak_tensor_bytes = stats.peak_bytes;
+      r.cpu_live_tensor_bytes = stats.live_bytes;
+    }
 #if NITRO_WITH_CUDA
     if (cuda_device_ >= 0) {
       const auto now = cuda_memory(cuda_device_);

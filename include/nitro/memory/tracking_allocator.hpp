@@ -19,9 +19,9 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -125,10 +125,10 @@ class TrackingAllocator final : public c10::Allocator {
   };
 
   [[noreturn, gnu::cold, gnu::noinline]] static void refuse(std::int64_t bytes, std::int64_t live, std::int64_t budget) {
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "nitro::memory::TrackingAllocator: out of memory: tried to allocate ",
-                     bytes, " bytes with ", live, " bytes live of a budget of ", budget,
-                     " bytes (a CPU byte budget set by ScopedCpuTracking or set_budget)");
-    std::abort();  // not reached: TORCH_CHECK_WITH throws
+    C10_THROW_ERROR(OutOfMemoryError,
+                    c10::str("nitro::memory::TrackingAllocator: out of memory: tried to allocate ", bytes,
+                             " bytes with ", live, " bytes live of a budget of ", budget,
+                             " bytes (a CPU byte budget set by ScopedCpuTracking or set_budget)"));
   }
   struct Block {
     void* context;  // the wrapped allocator's, freed with its deleter

@@ -271,11 +271,12 @@ class ProgressBar {
     if (!postfix_.empty()) stats += ", " + postfix_;
     stats += "]";
 
+    const int width = columns();
     std::string line = options_.desc + ":";
     if (known) {
       line += " " + std::to_string(percent()) + "%";
       // The last column stays empty: writing into it wraps some terminals to a new line.
-      const int bar = columns() - 1 - static_cast<int>(line.size() + 2 + stats.size());
+      const int bar = width - 1 - static_cast<int>(line.size() + 2 + stats.size());
       if (bar >= 4) {
         const double fraction = std::clamp(static_cast<double>(count_) / static_cast<double>(options_.total), 0.0, 1.0);
         const auto filled = static_cast<std::size_t>(fraction * bar);
@@ -283,7 +284,7 @@ class ProgressBar {
       }
     }
     line += stats;
-    const auto limit = static_cast<std::size_t>(std::max(1, columns() - 1));
+    const auto limit = static_cast<std::size_t>(std::max(1, width - 1));
     if (line.size() > limit) line.resize(limit);
     return line;
   }

@@ -30,10 +30,10 @@
 #include <nitro/train/clip.hpp>
 
 #include <ATen/core/Tensor.h>
-#include <c10/util/Exception.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/pimpl.h>
@@ -42,8 +42,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <string>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -115,7 +115,6 @@ inline constexpr int count_family = (0 + ... + (OfFamily<Ps, Family> ? 1 : 0));
 }  // namespace detail
 
 /// @tparam Amp optional, default amp::Off: amp::Off, amp::Bf16 or amp::Fp16<Scaler>.
-/// @tparam Accumulation optional, default accumulate::Off: accumulate::Off, Fixed<N> or Dynamic.
 /// @tparam Checkpoint optional, default checkpoint::Off: checkpoint::Off, Segments<S> or Sqrt
 ///         (the last two need a torch::nn::Sequential model).
 /// @tparam Accumulation optional, default accumulate::Off: accumulate::Off, Fixed<N>, Dynamic or Adaptive.
@@ -187,9 +186,12 @@ class TrainingLoop {
   template <class Batch, class LossFn>
   StepResult step(const Batch& batch, LossFn&& loss_fn) {
     if constexpr (monitor_policy::enabled) monitor_.begin_step();
+    // Rows of the batch, where a policy needs them (split, samples counted): one pass a step.
+    [[maybe_unused]] std::int64_t rows = -1;
+    if constexpr (detail::SplitsOnOom<Accumulation> || monitor_policy::enabled) rows = detail::batch_rows(batch);
     StepResult result;
     if constexpr (detail::SplitsOnOom<Accumulation>) {
-      result.loss = split_forward_backward(batch, loss_fn);
+      result.loss = split_forward_backward(batch, rows, loss_fn);
     } else {
       result.loss = forward_backward(batch, loss_fn, Accumulation::enabled ? static_cast<double>(window_) : 1.0);
     }
@@ -197,7 +199,7 @@ class TrainingLoop {
     if (micro_ >= window_) optimizer_step(result);
     if constexpr (monitor_policy::enabled) {
       monitor_.mark(Phase::optimizer);
-      monitor_.end_step(detail::batch_rows(batch));
+      monitor_.end_step(rows);
     }
     return result;
   }
@@ -310,8 +312,7 @@ class TrainingLoop {
   // memory, drop the partial gradients, double the split and start again. The optimizer step stays
   // outside: it must never run twice on one batch.
   template <class Batch, class LossFn>
-  at::Tensor split_forward_backward(const Batch& batch, LossFn& loss_fn) {
-    const std::int64_t rows = detail::batch_rows(batch);
+  at::Tensor split_forward_backward(const Batch& batch, std::int64_t rows, LossFn& loss_fn) {
     NITRO_CHECK(rows >= 1, "TrainingLoop::step with accumulate::Adaptive: the batch needs a tensor whose "
                 "dimension 0 holds its rows (the samples) to split it; got none with rows");
     const std::int64_t limit =
