@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   // Gradients exist before measuring and are zeroed in place, so the peaks are activations (and
   // backward's temporaries), not the parameters' gradients.
   auto plain = [&] { net->forward(x).pow(2).mean().backward(); };
-  auto checkpointed = [&] { nitro::detail::run_segments(*net, segments, x).pow(2).mean().backward(); };
+  auto checkpointed = [&] { nitro::checkpoint::sequential(net, segments, x).pow(2).mean().backward(); };
   auto zero = [&] {
     for (auto& p : net->parameters()) p.mutable_grad().zero_();
   };

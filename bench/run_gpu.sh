@@ -1,16 +1,31 @@
 #!/usr/bin/env bash
-# The whole GPU round in one device call: configure the `gpu` preset, build, run every test (the GPU
-# ones included) and every benchmark, and keep what they printed under $OUT.
+# The GPU round in two device calls, each well inside the device's 600 s per call. A call may land on
+# a fresh machine (it is handed back after 30 s idle), so each configures and builds what it runs:
 #
-# Here, once:     ../shared/gpu/prepare.sh          (makes .gpu/: doctest and GSL for that machine)
-# Device command: bash bench/run_gpu.sh              (carry: [".gpu"])
+#   bash bench/run_gpu.sh tests            configure the `gpu` preset, build the test programs, run the
+#                                          tests labelled gpu (ctest -L gpu), one at a time
+#   bash bench/run_gpu.sh bench [names]    configure, build the benchmarks that have a GPU mode and the
+#                                          levels demo, run them (names: a subset, e.g. bench_prefetch)
+#
+# Here, once:     ../shared/gpu/prepare.sh     (makes .gpu/: doctest, GSL and zlib for that machine)
+# Device calls:   command "bash bench/run_gpu.sh tests", carry [".gpu"]; then "bash bench/run_gpu.sh bench"
+# Each step prints its command, its exit code and its seconds; everything lands in $OUT/<step>.txt,
+# and the call ends with a summary and the RESULT lines. Without a GPU (a rehearsal here) the same
+# commands complete: the gpu tests skip, the benchmarks run their CPU variants.
 #
 # The GPU machine has CUDA, cuDNN, ninja and PyTorch (python3), and no package registry: LibTorch is
-# the one inside its PyTorch; doctest and GSL come from the carried .gpu/.
+# the one inside its PyTorch; doctest, GSL and zlib come from the carried .gpu/ (zlib is optional:
+# without it the trace-reading tests and benchmark rows are skipped).
 set -uo pipefail
+part=${1:-}
+case "$part" in
+  tests | bench) shift ;;
+  *) echo "usage: bash bench/run_gpu.sh tests | bench [benchmark names...]" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/build-gpu/out}
 mkdir -p "$out"
+start=$SECONDS
 if [ -f .gpu/env.sh ]; then
   # shellcheck disable=SC1091
   source .gpu/env.sh
@@ -18,24 +33,50 @@ else
   prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)') || { echo "run_gpu: python3 cannot import torch"; exit 1; }
   export CMAKE_PREFIX_PATH="$prefix${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
 fi
+python=$(command -v python3)
+
 status=0
-step() { # name command...: runs, tees its output to $out/<name>.txt, remembers a failure
-  local name=$1; shift
+summary=()
+step() { # name command...: runs it, tees its output to $out/<name>.txt, prints and keeps its exit code and time
+  local name=$1 t0=$SECONDS rc
+  shift
   echo "=== $name: $*"
   "$@" 2>&1 | tee "$out/$name.txt"
-  local rc=${PIPESTATUS[0]}
-  [ "$rc" = 0 ] || { echo "=== $name failed ($rc)"; status=1; }
+  rc=${PIPESTATUS[0]}
+  summary+=("$(printf '%-22s exit %3s %5s s' "$name" "$rc" "$((SECONDS - t0))")")
+  echo "=== $name: exit $rc, $((SECONDS - t0)) s"
+  [ "$rc" = 0 ] || status=1
   return "$rc"
 }
-{ nvidia-smi; python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'; } >"$out/machine.txt" 2>&1
-cat "$out/machine.txt"
-step configure cmake --preset gpu || exit 1
-step build cmake --build --preset gpu -j "$(nproc)" || exit 1
-step tests ctest --preset gpu -j 4
-for b in build-gpu/bench/bench_*; do
-  [ -x "$b" ] && step "$(basename "$b")" "$b"
-done
-step quickstart build-gpu/examples/quickstart --epochs 3
-echo "=== RESULT lines"
-grep -h '^RESULT ' "$out"/*.txt || echo "(no benchmark printed RESULT lines)"
-exit $status
+finish() {
+  echo "=== summary ($part, $((SECONDS - start)) s in all)"
+  printf '%s\n' "${summary[@]}"
+  if [ "$part" = bench ]; then
+    echo "=== RESULT lines"
+    grep -h '^RESULT ' "$out"/bench_*.txt 2>/dev/null || echo "(no benchmark printed RESULT lines)"
+  fi
+  exit $status
+}
+
+{ nvidia-smi 2>&1 || echo "nvidia-smi: not found (no GPU here)"
+  "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "devices", torch.cuda.device_count())'
+  echo "cores: $(nproc)"; } >"$out/machine-$part.txt" 2>&1
+cat "$out/machine-$part.txt"
+
+# The reference tests (Python's GradScaler on the same GPU) run with the machine's python3.
+step configure cmake --preset gpu -DNITRO_PYTHON="$python" || finish
+if [ "$part" = tests ]; then
+  step build cmake --build --preset gpu -j "$(nproc)" --target test_core test_hw test_data test_train test_memory \
+    test_monitor test_cache || finish
+  # One at a time: they share the one GPU, and several time what the device does.
+  step tests ctest --preset gpu -L gpu --timeout 300
+else
+  benches=("$@")
+  [ ${#benches[@]} -gt 0 ] || benches=(bench_loop_overhead bench_checkpoint bench_monitor bench_batch_finder bench_prefetch)
+  step build cmake --build --preset gpu -j "$(nproc)" --target "${benches[@]}" levels || finish
+  for b in "${benches[@]}"; do
+    step "$b" timeout 240 "build-gpu/bench/$b"
+  done
+  step levels timeout 180 build-gpu/examples/levels --epochs 1 --metrics "$out/demo-metrics"
+fi
+finish

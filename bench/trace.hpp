@@ -2,10 +2,17 @@
 // Cache workloads for the cache benchmarks and cache_sim: reading an access trace (one integer key per
 // line, gzip-compressed or plain), replaying it through a cache, and two generated workloads with an
 // exact answer: shuffled epochs (a training data set read in a fresh random order each epoch) and
-// independent Zipf requests. Needs zlib (link ZLIB::ZLIB, or -lz).
+// independent Zipf requests. Reading traces needs zlib (link ZLIB::ZLIB, or -lz); a build without it
+// defines NITRO_HAVE_ZLIB to 0, and read_trace then throws nitro::Error saying so (the trace-reading
+// tests and benchmark rows are skipped; the generated workloads need nothing).
 #include <nitro/core/error.hpp>
 
+#if !defined(NITRO_HAVE_ZLIB)
+#define NITRO_HAVE_ZLIB 1
+#endif
+#if NITRO_HAVE_ZLIB
 #include <zlib.h>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -28,11 +35,6 @@ namespace nitro::bench {
 
 namespace detail {
 
-struct GzClose {
-  void operator()(gzFile f) const noexcept { gzclose(f); }
-};
-using GzFile = std::unique_ptr<std::remove_pointer_t<gzFile>, GzClose>;
-
 inline bool is_space(char c) noexcept { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; }
 
 inline std::string_view trimmed(std::string_view s) noexcept {
@@ -40,6 +42,16 @@ inline std::string_view trimmed(std::string_view s) noexcept {
   while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
   return s;
 }
+
+}  // namespace detail
+
+#if NITRO_HAVE_ZLIB
+namespace detail {
+
+struct GzClose {
+  void operator()(gzFile f) const noexcept { gzclose(f); }
+};
+using GzFile = std::unique_ptr<std::remove_pointer_t<gzFile>, GzClose>;
 
 /// What zlib says went wrong with `f`, or "" when nothing did (end of file is not an error).
 inline std::string gz_error(gzFile f) {
@@ -118,6 +130,13 @@ inline std::vector<std::int64_t> read_trace(const std::string& path) {
               "' holds no keys; a trace is one integer key per line (gzip-compressed or plain)");
   return keys;
 }
+#else
+/// This build has no zlib: reading a trace is refused, with what to do.
+inline std::vector<std::int64_t> read_trace(const std::string& path) {
+  nitro::detail::fail("read_trace: cannot read '", path, "': this build has no zlib (NITRO_HAVE_ZLIB=0); install "
+                      "zlib1g-dev, or carry it to the GPU machine with ../shared/gpu/prepare.sh, and configure again");
+}
+#endif
 
 /// Replays `trace` through `cache` the way a reader uses it: get, and on a miss put `value`.
 /// Returns the cache's stats() afterwards (hit_ratio() is the trace's hit ratio on a fresh cache).

@@ -41,9 +41,15 @@ struct doctest::StringMaker<c10::IntArrayRef> : nitro::test::StreamedByC10<c10::
 
 namespace nitro::test {
 
-/// Decorator for a test case that needs a GPU: skipped, and reported as skipped, where none is present.
-///   TEST_CASE("copies arrive intact" * nitro::test::needs_gpu()) { ... }
-inline auto needs_gpu() { return doctest::skip(!nitro::Cuda::available()); }
+/// Decorator of a test case that needs a GPU, whose name starts with "gpu: " (tests/CMakeLists.txt
+/// checks that the two go together). Where no GPU is present, main() leaves such cases out and CTest
+/// reports them skipped (tests/main.cpp); they are labelled `gpu`, and bench/run_gpu.sh runs
+/// `ctest -L gpu`. `skip_anyway` skips it for another reason too (doctest keeps one skip decorator).
+///   TEST_CASE("gpu: copies arrive intact" * nitro::test::needs_gpu()) { ... }
+inline auto needs_gpu(bool skip_anyway = false) { return doctest::skip(skip_anyway); }
+
+/// GPUs this process sees (0 without CUDA).
+inline int gpu_count() { return nitro::Cuda::available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
 
 }  // namespace nitro::test
 

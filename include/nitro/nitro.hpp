@@ -13,6 +13,7 @@
 
 #include <nitro/memory/batch_size.hpp>
 #include <nitro/memory/monitor.hpp>
+#include <nitro/memory/oom.hpp>
 #include <nitro/memory/tracking_allocator.hpp>
 
 #include <nitro/train/accumulate.hpp>

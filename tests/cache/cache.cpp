@@ -269,6 +269,41 @@ TEST_CASE("the sharded cache splits the budget and answers like one cache") {
                        doctest::Contains("power of two"), Error);
 }
 
+// One shard once shifted the hash by 64 bits to pick it (undefined; on x86 an index out of range),
+// so every count of shards from 1 to the largest goes through the same put, get and erase.
+TEST_CASE("a sharded cache of one, two or 4096 shards keeps every key and splits the budget") {
+  for (const std::size_t shards : {std::size_t{1}, std::size_t{2}, std::size_t{4096}}) {
+    CAPTURE(shards);
+    const std::size_t capacity = std::size_t{1} << 26;
+    ShardedCache_mt<evict::Lru> cache{{.capacity_bytes = capacity, .shards = shards}};
+    CHECK(cache.shard_count() == shards);
+    CHECK(cache.capacity() == capacity / shards * shards);
+    constexpr std::int64_t n = 2000;
+    for (std::int64_t k = 0; k < n; ++k) CHECK(cache.put(k, value_for(k)));
+    CHECK(cache.size() == n);
+    std::size_t bytes = 0;
+    for (std::int64_t k = 0; k < n; ++k) bytes += static_cast<std::size_t>(bytes_for(k));
+    CHECK(cache.bytes() == bytes);
+    int wrong = 0;
+    for (std::int64_t k = 0; k < n; ++k) {
+      const auto v = cache.get(k);
+      wrong += !v || !torch::equal(*v, value_for(k));
+    }
+    CHECK(wrong == 0);
+    CHECK(cache.stats().hits == n);
+    for (std::int64_t k = 0; k < n; k += 2) CHECK(cache.erase(k));
+    CHECK(cache.size() == n / 2);
+    for (std::int64_t k = 0; k < n; ++k) wrong += cache.contains(k) != (k % 2 == 1);
+    CHECK(wrong == 0);
+    cache.clear();
+    CHECK(cache.size() == 0);
+  }
+  // Each shard holds its share of the budget: a value over half of it is refused by two shards.
+  const auto over_half = torch::zeros({600});  // 2400 bytes of 4000
+  CHECK(ShardedCache_mt<evict::Lru>({.capacity_bytes = 4000, .shards = 1}).put(1, over_half));
+  CHECK_FALSE(ShardedCache_mt<evict::Lru>({.capacity_bytes = 4000, .shards = 2}).put(1, over_half));
+}
+
 // ---- concurrency (also run under the tsan preset) -----------------------------------------------------
 
 namespace {

@@ -3,17 +3,25 @@
 #include <nitro/cache/disk_tier.hpp>
 #include <nitro/cache/evict/lru.hpp>
 #include <nitro/cache/evict/no_evict.hpp>
+#include <nitro/cache/evict/s3fifo.hpp>
+
+#include <c10/core/CPUAllocator.h>
 
 #include <unistd.h>
 
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -381,7 +389,7 @@ TEST_CASE("unspillable tensors throw nitro::Error") {
   CHECK(disk.size() == 0);
 }
 
-TEST_CASE("a CUDA tensor is stored and comes back on the CPU" * nitro::test::needs_gpu()) {
+TEST_CASE("gpu: a CUDA tensor is stored and comes back on the CPU" * nitro::test::needs_gpu()) {
   TempDir dir;
   nitro::DiskTier disk{{.directory = dir.path, .capacity_bytes = 1 << 20}};
   const auto gpu = torch::randn({8, 9}, torch::device(torch::kCUDA)).t();
@@ -487,4 +495,274 @@ TEST_CASE("TieredCache option and value errors throw nitro::Error") {
   Tiered cache{{.memory_capacity_bytes = 1000, .disk = {.directory = dir.path, .capacity_bytes = 1000}}};
   CHECK_THROWS_WITH_AS(cache.put(0, at::Tensor()), doctest::Contains("undefined tensor"), nitro::Error);
   CHECK(cache.size() == 0);
+}
+
+// Both tests run with a NullMutex too: the single-threaded TieredCache takes the same paths.
+TEST_CASE_TEMPLATE("TieredCache reads a value that memory refuses from disk without writing its file again", L,
+                   std::mutex, nitro::NullMutex) {
+  TempDir dir;
+  const std::size_t value_bytes = 100 * 4;
+  nitro::TieredCache<nitro::evict::NoEvict, L> cache{
+      {.memory_capacity_bytes = 2 * value_bytes, .disk = {.directory = dir.path, .capacity_bytes = 1 << 20}}};
+  auto value = [](std::int64_t k) { return torch::full({100}, static_cast<float>(k)); };
+  for (std::int64_t k = 0; k < 5; ++k) REQUIRE(cache.put(k, value(k)));
+  REQUIRE(cache.memory().size() == 2);  // 0 and 1: memory is full and keeps them
+  REQUIRE(cache.disk().size() == 3);
+  cache.reset_stats();
+
+  constexpr int rounds = 12;
+  int wrong = 0;
+  for (int r = 0; r < rounds; ++r)
+    for (std::int64_t k = 2; k < 5; ++k) {
+      const auto v = cache.get(k);
+      wrong += !v || !torch::equal(*v, value(k));
+    }
+  CHECK(wrong == 0);
+  const auto s = cache.stats();
+  CHECK(s.disk.hits == 3 * rounds);
+  CHECK(s.disk.stores == 0);  // each hit once wrote the file back after memory refused the promotion
+  CHECK(s.disk.evictions == 0);
+  CHECK(s.disk.corrupt == 0);
+  CHECK(s.memory.hits == 0);
+  CHECK(cache.memory().size() == 2);
+  CHECK(cache.memory().contains(0));
+  CHECK(cache.memory().contains(1));
+  CHECK(cache.disk().size() == 3);
+}
+
+TEST_CASE_TEMPLATE("TieredCache spills what a promotion evicts and then serves the promoted value from memory", L,
+                   std::mutex, nitro::NullMutex) {
+  TempDir dir;
+  const std::size_t value_bytes = 100 * 4;
+  nitro::TieredCache<nitro::evict::Lru, L> cache{
+      {.memory_capacity_bytes = 2 * value_bytes, .disk = {.directory = dir.path, .capacity_bytes = 1 << 20}}};
+  auto value = [](std::int64_t k) { return torch::full({100}, static_cast<float>(k)); };
+  for (std::int64_t k = 0; k < 3; ++k) REQUIRE(cache.put(k, value(k)));  // 0 is evicted to disk
+  REQUIRE(cache.disk().contains(0));
+  cache.reset_stats();
+
+  const auto back = cache.get(0);  // a disk hit; memory keeps it and evicts 1, the least recent
+  REQUIRE(back.has_value());
+  CHECK(torch::equal(*back, value(0)));
+  auto s = cache.stats();
+  CHECK(s.disk.hits == 1);
+  CHECK(s.disk.stores == 1);  // 1, spilled
+  CHECK(cache.memory().contains(0));
+  CHECK(cache.memory().contains(2));
+  CHECK_FALSE(cache.memory().contains(1));
+  CHECK_FALSE(cache.disk().contains(0));  // memory holds it now: its file is gone
+  CHECK(cache.disk().contains(1));
+
+  const auto again = cache.get(0);  // from memory
+  REQUIRE(again.has_value());
+  CHECK(torch::equal(*again, value(0)));
+  s = cache.stats();
+  CHECK(s.memory.hits == 1);
+  CHECK(s.disk.hits == 1);
+  CHECK(s.disk.stores == 1);
+  CHECK(torch::equal(*cache.get(1), value(1)));  // and the spilled one comes back
+  CHECK(cache.size() == 3);
+}
+
+namespace {
+// A value that says which key and which put it came from in every element, so a torn, misplaced or
+// stale value is seen: key * 2^32 + version.
+at::Tensor versioned(std::int64_t key, std::int64_t version) {
+  return torch::full({32}, key * (std::int64_t{1} << 32) + version, torch::kInt64);
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("TieredCache threads never read a value older than the last put or erase that finished", P,
+                   nitro::evict::Lru, nitro::evict::NoEvict, nitro::evict::S3Fifo) {
+  TempDir dir;
+  constexpr std::int64_t keys = 48;
+  constexpr int threads = 4, ops = 1500;
+  const std::size_t value_bytes = 32 * 8;
+  // Memory holds 8 of the 48: most puts and disk hits evict or refuse, so spills of one key run on
+  // the threads of others. On the heap, as are the test's flags: ThreadSanitizer forgets the locks in
+  // freed heap memory, not on a reused stack, and would take a later test's locks for these.
+  const auto owned = std::make_unique<nitro::TieredCache<P>>(typename nitro::TieredCache<P>::Options{
+      .memory_capacity_bytes = 8 * value_bytes, .disk = {.directory = dir.path, .capacity_bytes = 1 << 20}});
+  auto& cache = *owned;
+
+  // Writes of one key are ordered by the test, so "the last put that finished" is well defined: a
+  // thread writes k only when it wins k's flag (else it skips the write). Reads are not ordered, and
+  // every thread reads and writes every key.
+  struct Books {
+    std::array<std::atomic<bool>, keys> writing{};
+    std::array<std::int64_t, keys> next_version{};  // while holding writing[k]
+    std::array<bool, keys> erased_last{};            // while holding writing[k]
+    std::array<std::atomic<std::int64_t>, keys> oldest_allowed{};  // the oldest version a get may return now
+  };
+  const auto books = std::make_unique<Books>();
+  auto& writing = books->writing;
+  auto& next_version = books->next_version;
+  auto& erased_last = books->erased_last;
+  auto& oldest_allowed = books->oldest_allowed;
+  std::atomic<int> torn{0}, stale{0}, reads{0};
+
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      std::mt19937_64 rng(static_cast<std::uint64_t>(t) + 1);
+      for (int i = 0; i < ops; ++i) {
+        const auto k = static_cast<std::int64_t>(rng() % keys);
+        const auto u = static_cast<std::size_t>(k);
+        const auto r = rng() % 20;
+        if (r < 9) {
+          const std::int64_t oldest = oldest_allowed[u].load();
+          const auto v = cache.get(k);
+          if (!v) continue;
+          ++reads;
+          const std::int64_t first = (*v)[0].template item<std::int64_t>();
+          if (v->numel() != 32 || !torch::equal(*v, torch::full({32}, first, torch::kInt64)) ||
+              first >> 32 != k) {
+            ++torn;
+          } else if ((first & 0xffffffff) < oldest) {
+            ++stale;
+          }
+        } else {
+          if (writing[u].exchange(true, std::memory_order_acquire)) continue;  // another thread writes k
+          const std::int64_t version = ++next_version[u];
+          if (r < 18) {
+            cache.put(k, versioned(k, version));
+            erased_last[u] = false;
+          } else {
+            cache.erase(k);
+            erased_last[u] = true;
+          }
+          oldest_allowed[u].store(version + (erased_last[u] ? 1 : 0));  // after an erase, only a later put
+          writing[u].store(false, std::memory_order_release);
+        }
+      }
+    });
+  for (auto& th : pool) th.join();
+  CHECK(torn == 0);
+  CHECK(stale == 0);
+  CHECK(reads > 0);
+  const auto s = cache.stats();
+  CHECK(s.disk.stores > 0);
+  CHECK(s.disk.hits > 0);
+  CHECK(s.memory.misses == s.disk.hits + s.disk.misses);
+  // Quiet now: each key reads as its last put, or as nothing (erased, or a spill given up).
+  int wrong = 0;
+  for (std::int64_t k = 0; k < keys; ++k) {
+    const auto u = static_cast<std::size_t>(k);
+    if (const auto v = cache.get(k))
+      wrong += erased_last[u] || !torch::equal(*v, versioned(k, next_version[u]));
+  }
+  CHECK(wrong == 0);
+  CHECK(cache.disk().bytes() <= cache.disk().capacity());
+}
+
+namespace {
+/// LibTorch's CPU allocator, except that the first allocation of `bytes` waits until release(): it
+/// holds a thread inside a disk read (the tier allocates the tensor it reads a file into) without
+/// timing anything. Installed for its scope.
+class GateAllocator final : public c10::Allocator {
+ public:
+  explicit GateAllocator(std::size_t bytes) : base_(c10::GetCPUAllocator()), bytes_(bytes) {
+    c10::SetCPUAllocator(this, priority);
+  }
+  GateAllocator(const GateAllocator&) = delete;
+  GateAllocator& operator=(const GateAllocator&) = delete;
+  ~GateAllocator() override {
+    release();
+    c10::SetCPUAllocator(base_, priority);
+  }
+
+  c10::DataPtr allocate(std::size_t n) override {
+    if (n == bytes_) {
+      std::unique_lock lock(mutex_);
+      if (!entered_) {
+        entered_ = true;
+        changed_.notify_all();
+        changed_.wait(lock, [&] { return released_; });
+      }
+    }
+    return base_->allocate(n);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+  /// Whether a thread reached the gate within `limit` (a deadlock guard, not a measurement).
+  bool wait_entered(std::chrono::seconds limit) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, limit, [&] { return entered_; });
+  }
+  void release() {
+    std::lock_guard lock(mutex_);
+    released_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  static constexpr std::uint8_t priority = 255;  // SetCPUAllocator ignores a lower one than in force
+  c10::Allocator* base_;
+  std::size_t bytes_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool entered_ = false, released_ = false;
+};
+}  // namespace
+
+TEST_CASE("TieredCache reads other keys from disk while one key's disk read is held up") {
+  TempDir dir;
+  const std::size_t small_bytes = 100 * 4;
+  // On the heap, for ThreadSanitizer (see the test above).
+  using Tiered = nitro::TieredCache<nitro::evict::Lru>;
+  const auto owned = std::make_unique<Tiered>(Tiered::Options{
+      .memory_capacity_bytes = 4 * small_bytes, .disk = {.directory = dir.path, .capacity_bytes = 64 << 20}});
+  auto& cache = *owned;
+  auto small = [](std::int64_t k) { return torch::full({100}, static_cast<float>(k)); };
+  constexpr std::int64_t big_key = 1000;
+  constexpr std::size_t big_bytes = 777'777;  // a size nothing else here allocates
+  const auto big = torch::randint(0, 256, {static_cast<std::int64_t>(big_bytes)}, torch::kUInt8);
+  REQUIRE(cache.put(big_key, big));  // over memory's budget: it lives on disk and is read from there
+  std::vector<std::int64_t> on_disk;
+  for (std::int64_t k = 0; k < 16; ++k) REQUIRE(cache.put(k, small(k)));
+  for (std::int64_t k = 0; k < 16; ++k)
+    if (!cache.memory().contains(k)) on_disk.push_back(k);
+  REQUIRE(on_disk.size() == 12);
+
+  std::optional<at::Tensor> big_back;
+  std::mutex mutex;
+  std::condition_variable changed;
+  int done = 0, right = 0;
+  {
+    const auto owned_gate = std::make_unique<GateAllocator>(big_bytes);
+    GateAllocator& gate = *owned_gate;
+    std::thread reader([&] { big_back = cache.get(big_key); });
+    const bool entered = gate.wait_entered(std::chrono::seconds(60));  // the reader is in its disk read
+    CHECK(entered);
+    if (!entered) {
+      gate.release();
+      reader.join();
+      return;
+    }
+    std::vector<std::thread> others;
+    for (const std::int64_t k : on_disk)
+      others.emplace_back([&, k] {
+        const auto v = cache.get(k);
+        std::lock_guard guard(mutex);
+        ++done;
+        right += v.has_value() && torch::equal(*v, small(k));
+        changed.notify_all();
+      });
+    {
+      // Other keys take other locks: at least one of them (all but those sharing the big key's lock)
+      // is read while the big one waits. One lock for all disk reads would sit out the 30 s guard here.
+      std::unique_lock lock(mutex);
+      CHECK(changed.wait_for(lock, std::chrono::seconds(30), [&] { return done > 0; }));
+    }
+    gate.release();
+    reader.join();
+    for (auto& th : others) th.join();
+  }
+  CHECK(done == 12);
+  CHECK(right == 12);
+  REQUIRE(big_back.has_value());
+  CHECK(bitwise_equal(*big_back, big));
 }

@@ -4,7 +4,9 @@
 
 #include "bench/trace.hpp"
 
+#if NITRO_HAVE_ZLIB
 #include <zlib.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -18,6 +20,11 @@
 
 #include <unistd.h>
 
+namespace {
+using Keys = std::vector<std::int64_t>;
+}  // namespace
+
+#if NITRO_HAVE_ZLIB
 namespace {
 
 namespace fs = std::filesystem;
@@ -47,8 +54,6 @@ void write_gzip(const TempFile& f, const std::string& text) {
   REQUIRE(gzwrite(out, text.data(), static_cast<unsigned>(text.size())) == static_cast<int>(text.size()));
   REQUIRE(gzclose(out) == Z_OK);
 }
-
-using Keys = std::vector<std::int64_t>;
 
 }  // namespace
 
@@ -140,6 +145,13 @@ TEST_CASE("read_trace reports a truncated gzip file") {
   write_plain(cut, bytes.substr(0, bytes.size() / 2));
   CHECK_THROWS_WITH_AS(nitro::bench::read_trace(cut.str()), doctest::Contains("damaged or truncated"), nitro::Error);
 }
+
+#else
+TEST_CASE("without zlib read_trace says so, and the trace-reading tests are skipped") {
+  MESSAGE("built without zlib (NITRO_HAVE_ZLIB=0): the trace-reading tests are skipped");
+  CHECK_THROWS_WITH_AS(nitro::bench::read_trace("any.trace.gz"), doctest::Contains("this build has no zlib"), nitro::Error);
+}
+#endif
 
 TEST_CASE("Zipf samples key 1 with its exact probability") {
   constexpr double s = 0.99;

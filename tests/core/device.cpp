@@ -117,7 +117,7 @@ TEST_CASE("without a GPU, pinning and CUDA requirements say so") {
   CHECK_NOTHROW(nitro::require_available<nitro::Cpu>("anything"));
 }
 
-TEST_CASE("to_device<Cuda> moves a whole batch intact, pinned and asynchronously" * nitro::test::needs_gpu()) {
+TEST_CASE("gpu: to_device<Cuda> moves a whole batch intact, pinned and asynchronously" * nitro::test::needs_gpu()) {
   const auto image = torch::randn({8, 3, 16, 16});
   const auto label = torch::randint(10, {8});
   const auto pinned = nitro::pin_memory(torch::data::Example<>{image, label});
@@ -127,4 +127,23 @@ TEST_CASE("to_device<Cuda> moves a whole batch intact, pinned and asynchronously
   CHECK(gpu.target.is_cuda());
   CHECK(same(gpu.data.cpu(), image));
   CHECK(same(gpu.target.cpu(), label));
+}
+
+TEST_CASE("concrete_device resolves `cuda` to one index and keeps every concrete device") {
+  const c10::Device cuda(c10::DeviceType::CUDA), cuda1(c10::DeviceType::CUDA, 1), cuda2(c10::DeviceType::CUDA, 2);
+  CHECK(nitro::concrete_device(cuda, 1) == cuda1);          // the model's GPU while cuda:1 is current
+  CHECK(nitro::concrete_device(cuda2, 0) == cuda2);         // an index given is kept, whatever is current
+  CHECK(nitro::concrete_device(c10::Device(c10::kCPU), 3) == c10::Device(c10::kCPU));
+  CHECK(nitro::concrete_device(c10::Device(c10::kCPU)) == c10::Device(c10::kCPU));  // no CUDA call for the CPU
+  CHECK(nitro::concrete_device(cuda1) == cuda1);
+}
+
+TEST_CASE("cuda_indices lists the GPUs of a model and the current one, once each") {
+  using D = c10::Device;
+  const std::vector<D> devices{D(c10::DeviceType::CUDA, 1), D(c10::kCPU), D(c10::DeviceType::CUDA, 1),
+                               D(c10::DeviceType::CUDA, 3)};
+  CHECK(nitro::detail::cuda_indices(devices, 0) == std::vector<c10::DeviceIndex>{0, 1, 3});
+  CHECK(nitro::detail::cuda_indices(devices, 1) == std::vector<c10::DeviceIndex>{1, 3});
+  CHECK(nitro::detail::cuda_indices(devices, -1) == std::vector<c10::DeviceIndex>{1, 3});  // no GPU current
+  CHECK(nitro::detail::cuda_indices({D(c10::kCPU)}, -1).empty());
 }

@@ -14,7 +14,9 @@
 #include <vector>
 
 #if NITRO_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #endif
 
 namespace {
@@ -227,7 +229,7 @@ TEST_CASE("bad options throw nitro::Error naming the option") {
   }
 }
 
-TEST_CASE("on the GPU batches arrive intact and the pinned pool is reused" * nitro::test::needs_gpu()) {
+TEST_CASE("gpu: batches arrive intact and the pinned pool is reused" * nitro::test::needs_gpu()) {
   SlowIndices data;
   data.n = 640;
   auto p = nitro::prefetch<nitro::Cuda>(
@@ -246,7 +248,7 @@ TEST_CASE("on the GPU batches arrive intact and the pinned pool is reused" * nit
 #endif
 }
 
-TEST_CASE("on the GPU the copies run while the consumer's stream is busy" * nitro::test::needs_gpu()) {
+TEST_CASE("gpu: the copies run while the consumer's stream is busy" * nitro::test::needs_gpu()) {
 #if NITRO_WITH_CUDA
   // Timeline by events: the consumer's stream gets a long kernel; the prefetcher's copy of the next
   // batch completes on its copy stream before that kernel ends.
@@ -274,5 +276,124 @@ TEST_CASE("on the GPU the copies run while the consumer's stream is busy" * nitr
   CHECK_FALSE(kernel_done.query());  // ... while the consumer's kernel is still running
   CHECK(torch::equal(second->cpu(), host));
   c10::cuda::device_synchronize();
+#endif
+}
+
+TEST_CASE("a device option of the wrong kind is refused") {
+  auto source = []() -> std::optional<at::Tensor> { return std::nullopt; };
+  CHECK_THROWS_WITH_AS(nitro::prefetch<nitro::Cpu>(source, {.device = c10::Device(c10::kCUDA, 0)}),
+                       doctest::Contains("not a cpu device"), nitro::Error);
+  CHECK(nitro::prefetch<nitro::Cpu>(source, {.device = c10::Device(c10::kCPU)}).device() == c10::Device(c10::kCPU));
+}
+
+#if NITRO_WITH_CUDA
+namespace {
+// A source of `count` batches made by `make(n)`.
+template <class Make>
+auto counted(int count, Make make) {
+  return [count, make, n = 0]() mutable -> std::optional<at::Tensor> {
+    if (n == count) return std::nullopt;
+    return make(n++);
+  };
+}
+}  // namespace
+#endif
+
+TEST_CASE("gpu: batches go to the device given, not to the current one" * nitro::test::needs_gpu()) {
+#if NITRO_WITH_CUDA
+  const bool two = nitro::test::gpu_count() >= 2;
+  const c10::Device target = two ? c10::Device(c10::kCUDA, 1) : c10::Device(c10::kCUDA, 0);
+  c10::cuda::CUDAGuard current(0);
+  auto p = nitro::prefetch<nitro::Cuda>(counted(6, [](int n) { return torch::full({1024}, n, torch::kFloat); }),
+                                        {.depth = 2, .workers = 1, .device = target});
+  CHECK(p.device() == target);
+  CHECK(p.copy_stream().device() == target);
+  std::vector<at::Tensor> sums;
+  for (auto& b : p) {
+    CHECK(b.device() == target);
+    sums.push_back(b.sum());  // on the consumer's stream of the target device: no synchronisation
+  }
+  const auto got = torch::stack(sums).cpu();
+  for (int n = 0; n < 6; ++n) CHECK(got[n].item<float>() == 1024.0f * static_cast<float>(n));
+  // `cuda` without an index is the device current when the prefetcher is made.
+  CHECK(nitro::prefetch<nitro::Cuda>(counted(0, [](int) { return at::Tensor(); })).device() == c10::Device(c10::kCUDA, 0));
+  CHECK_THROWS_WITH_AS(nitro::prefetch<nitro::Cuda>(counted(0, [](int) { return at::Tensor(); }),
+                                                    {.device = c10::Device(c10::kCUDA, 64)}),
+                       doctest::Contains("does not exist"), nitro::Error);
+  if (!two) MESSAGE("one GPU: the non-default device index is not exercised");
+#endif
+}
+
+TEST_CASE("gpu: a transform and channels_last run on the copy stream, after the constants they captured" * nitro::test::needs_gpu()) {
+#if NITRO_WITH_CUDA
+  // The constant is made by a kernel on the constructing thread's stream just before the prefetcher:
+  // the copy stream must wait for it.
+  auto mean = torch::zeros({1, 3, 1, 1}, torch::kCUDA);
+  for (int i = 0; i < 50; ++i) mean.add_(0.01);
+  std::atomic<std::int64_t> transform_stream{-1};
+  std::atomic<int> channels_last_inputs{0};
+  using Options = nitro::PrefetchOptions<at::Tensor>;
+  Options options;
+  options.channels_last = true;
+  options.transform = [mean, &transform_stream, &channels_last_inputs](at::Tensor b) {
+    transform_stream = c10::cuda::getCurrentCUDAStream(b.device().index()).id();
+    channels_last_inputs += b.is_contiguous(c10::MemoryFormat::ChannelsLast) ? 1 : 0;
+    return (b.to(torch::kFloat) / 255.0 - mean);
+  };
+  const auto image = [](int n) {
+    return (torch::arange(2 * 3 * 16 * 16, torch::kLong).reshape({2, 3, 16, 16}) + n).remainder(256).to(torch::kUInt8);
+  };
+  nitro::Prefetcher<nitro::Cuda, decltype(counted(4, image))> p{counted(4, image), std::move(options)};
+  int n = 0;
+  for (auto& b : p) {
+    CHECK(b.scalar_type() == torch::kFloat);
+    const auto expected = image(n++).to(torch::kFloat) / 255.0 - 0.5;
+    CHECK(torch::allclose(b.cpu(), expected, 1e-4, 1e-4));  // 0.5 as fifty float additions of 0.01
+  }
+  CHECK(n == 4);
+  CHECK(channels_last_inputs.load() == 4);
+  CHECK(transform_stream.load() == p.copy_stream().id());
+#endif
+}
+
+TEST_CASE("gpu: a source that refills one pinned tensor in place still delivers every batch intact" * nitro::test::needs_gpu()) {
+#if NITRO_WITH_CUDA
+  // No .cpu() between batches: the consumer keeps device-side sums and reads them at the end, so
+  // nothing slows the worker down while a copy from the refilled memory may be in flight.
+  for (const bool pin : {true, false}) {
+    CAPTURE(pin);
+    auto buffer = torch::empty({16 << 20}, torch::kFloat).pin_memory();  // 64 MB, refilled per batch
+    const int batches = 12;
+    auto p = nitro::prefetch<nitro::Cuda>(counted(batches, [buffer](int n) {
+                                            buffer.fill_(static_cast<float>(n));
+                                            return buffer;
+                                          }),
+                                          {.depth = 4, .pin_memory = pin});
+    std::vector<at::Tensor> sums;
+    for (auto& b : p) sums.push_back(b.sum(torch::kDouble));
+    const auto got = torch::stack(sums).cpu();
+    REQUIRE(got.numel() == batches);
+    for (int n = 0; n < batches; ++n) CHECK(got[n].item<double>() == static_cast<double>(16 << 20) * n);
+  }
+#endif
+}
+
+TEST_CASE("gpu: CUDA tensors a source computes are read after the kernels that make them" * nitro::test::needs_gpu()) {
+#if NITRO_WITH_CUDA
+  // The source's kernels run on the worker's current (default) stream; the transform on the copy
+  // stream must see their result, not a half-updated tensor.
+  using Options = nitro::PrefetchOptions<at::Tensor>;
+  Options options;
+  options.transform = [](at::Tensor b) { return b * 2; };
+  auto source = counted(6, [](int n) {
+    auto t = torch::zeros({8 << 20}, torch::kCUDA);
+    for (int i = 0; i < 100; ++i) t.add_(1.0);  // a long chain on the source's stream
+    return t.add_(n);
+  });
+  nitro::Prefetcher<nitro::Cuda, decltype(source)> p{source, std::move(options)};
+  std::vector<at::Tensor> sums;
+  for (auto& b : p) sums.push_back(b.sum(torch::kDouble));
+  const auto got = torch::stack(sums).cpu();
+  for (int n = 0; n < 6; ++n) CHECK(got[n].item<double>() == 2.0 * (100 + n) * (8 << 20));
 #endif
 }

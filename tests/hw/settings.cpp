@@ -109,7 +109,7 @@ TEST_CASE("inter-op threads: the same value is a no-op, a change after parallel 
   CHECK(static_cast<int>(at::get_num_interop_threads()) == now);
 }
 
-TEST_CASE("cuda_memory_fraction caps the caching allocator for the scope" * nitro::test::needs_gpu()) {
+TEST_CASE("gpu: cuda_memory_fraction caps the caching allocator for the scope" * nitro::test::needs_gpu()) {
 #if NITRO_WITH_CUDA
   const auto device = c10::cuda::current_device();
   const auto before = nitro::compat::cuda_memory_fraction(device);

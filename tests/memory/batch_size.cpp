@@ -1,7 +1,18 @@
 #include <nitro/memory/batch_size.hpp>
 #include <nitro/memory/tracking_allocator.hpp>
+#include <nitro/monitor/phases.hpp>
+#include <nitro/train/training_loop.hpp>
 
 #include "testing.hpp"
+
+#include <nitro/hw/settings.hpp>
+#include <torch/optim/adam.h>
+
+#if NITRO_WITH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
 
 #include <cmath>
 #include <vector>
@@ -172,4 +183,101 @@ TEST_CASE("finder bad options name the option") {
   CHECK_THROWS_WITH_AS(find_max_batch_size(t, {.margin = 1.0}), doctest::Contains("margin must be in [0, 1)"), nitro::Error);
   CHECK_THROWS_WITH_AS(find_max_batch_size(t, {.margin = -0.1}), doctest::Contains("margin"), nitro::Error);
   CHECK_THROWS_WITH_AS(find_max_batch_size(t, {.trials_per_size = 0}), doctest::Contains("trials_per_size"), nitro::Error);
+}
+
+TEST_CASE("out of memory as cuBLAS, cuDNN or the CUDA runtime report it is a failed size, a shape error is not") {
+  for (const char* report : {"CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+                             "cuDNN error: CUDNN_STATUS_ALLOC_FAILED", "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR",
+                             "CUDA error: out of memory"}) {
+    CAPTURE(report);
+    const auto trial = [&](std::int64_t batch) {
+      if (batch > 37) throw c10::Error(report);
+    };
+    const auto found = find_max_batch_size(trial, {.min = 1, .max = 100});
+    CHECK(found.batch_size == 37);
+    CHECK(found.first_failure == 38);
+  }
+  const auto shape_error = [](std::int64_t batch) {
+    if (batch > 3) throw c10::Error("mat1 and mat2 shapes cannot be multiplied (4x3 and 4x3)");
+  };
+  CHECK_THROWS_WITH_AS(find_max_batch_size(shape_error, {.min = 1, .max = 100}), doctest::Contains("shapes"), c10::Error);
+}
+
+TEST_CASE("with the training loop the finder puts the loop back too: the first real steps are those without a search") {
+  using Loop = nitro::TrainingLoop<nitro::accumulate::Fixed<3>, nitro::monitor::Phases>;
+  const auto batch = torch::sin(torch::arange(4 * 16, torch::kFloat).reshape({4, 16}));
+  const auto make = [] {
+    torch::manual_seed(0);
+    return torch::nn::Linear(16, 1);
+  };
+  auto searched = make(), reference = make();
+  torch::optim::SGD opt_searched(searched->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD opt_reference(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  Loop loop{searched, opt_searched}, plain{reference, opt_reference};
+  const auto loss_of = [&](torch::nn::Linear& m) {
+    return [&m](const at::Tensor& x) { return m->forward(x).pow(2).mean(); };
+  };
+  {
+    nitro::memory::ScopedCpuTracking track{{.budget_bytes = rows_bytes(20) + 2048}};  // + the backup and the step's scalars
+    const auto found = find_max_batch_size(
+        loop,
+        [&](std::int64_t b) {
+          rows_trial(b);
+          loop.step(batch, loss_of(searched));  // one micro-batch of a window of 3
+        },
+        {.min = 1, .max = 64, .trials_per_size = 1});
+    CHECK(found.batch_size == 20);
+    CHECK(found.calls > 3);
+  }
+  CHECK(loop.pending_micro_batches() == 0);
+  CHECK(loop.optimizer_steps() == 0);
+  CHECK(loop.monitor().totals().steps == 0);  // trial steps count nowhere
+  for (const auto& p : searched->parameters()) CHECK_FALSE(p.grad().defined());
+  for (int i = 0; i < 6; ++i) {
+    const auto a = loop.step(batch, loss_of(searched));
+    const auto b = plain.step(batch, loss_of(reference));
+    CHECK(a.stepped == b.stepped);
+  }
+  CHECK(loop.optimizer_steps() == 2);
+  CHECK(torch::equal(searched->weight, reference->weight));
+  CHECK(torch::equal(searched->bias, reference->bias));
+}
+
+TEST_CASE("gpu: under a CUDA memory cap the finder finds the largest batch and puts model and every generator back" * nitro::test::needs_gpu()) {
+#if NITRO_WITH_CUDA
+  // The model on cuda:1 while cuda:0 is current where two GPUs exist: the finder must put back the
+  // generator of the model's GPU, not only the current one's.
+  const bool two = nitro::test::gpu_count() >= 2;
+  const c10::Device device = two ? c10::Device(c10::kCUDA, 1) : c10::Device(c10::kCUDA, 0);
+  c10::cuda::CUDAGuard current(0);
+  torch::manual_seed(0);
+  torch::nn::Linear model(256, 256);
+  model->to(device);
+  torch::optim::Adam opt(model->parameters(), 1e-3);
+  const auto before = model->weight.detach().cpu();
+  const auto total = nitro::memory::cuda_memory(device.index())->total_bytes;
+  REQUIRE(total > 0);
+  constexpr std::int64_t kRow = 64 << 20;  // each batch row holds 64 MiB on the device
+  nitro::hw::ScopedSettings cap{{.cuda_memory_fraction = 0.05, .cuda_device = device.index()}};
+  const auto cap_bytes = static_cast<std::int64_t>(static_cast<double>(total) * 0.05);
+  c10::cuda::CUDACachingAllocator::emptyCache();
+  const auto trial = [&](std::int64_t b) {
+    const auto rows = torch::empty({b, kRow / 4}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+    const auto noise = torch::rand({4}, torch::TensorOptions().device(device));  // draws from the model's generator
+    model->forward(torch::randn({8, 256}, torch::TensorOptions().device(device))).pow(2).mean().add(noise.sum()).backward();
+    opt.step();
+  };
+  const auto rng_before = at::cuda::detail::getDefaultCUDAGenerator(device.index()).get_state();
+  const auto found = find_max_batch_size(trial, {.min = 1, .max = 4096, .model = model.ptr().get(), .optimizer = &opt});
+  CAPTURE(cap_bytes);
+  CAPTURE(found.largest_fit);
+  CHECK(found.largest_fit >= 1);
+  CHECK(found.largest_fit * kRow <= cap_bytes);                // what fit was within the cap
+  CHECK((found.largest_fit + 2) * kRow > cap_bytes);           // and nearly all of it
+  CHECK(found.first_failure == found.largest_fit + 1);
+  CHECK(torch::equal(model->weight.detach().cpu(), before));
+  CHECK(opt.state().empty());  // Adam's state made by the trials is gone
+  CHECK(torch::equal(at::cuda::detail::getDefaultCUDAGenerator(device.index()).get_state(), rng_before));
+  if (!two) MESSAGE("one GPU: the non-default device index is not exercised");
+#endif
 }

@@ -8,6 +8,10 @@
 #include <thread>
 #include <type_traits>
 
+#if NITRO_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
 using namespace std::chrono_literals;
 using nitro::Phase;
 
@@ -143,7 +147,7 @@ TEST_CASE("monitor::Phases bad options") {
   CHECK_THROWS_WITH_AS(nitro::monitor::Recorder({.memory_every = -1}), doctest::Contains("memory_every"), nitro::Error);
 }
 
-TEST_CASE("GPU phases come from CUDA events without a synchronisation per step" * nitro::test::needs_gpu()) {
+TEST_CASE("gpu: phases come from CUDA events without a synchronisation per step" * nitro::test::needs_gpu()) {
   torch::manual_seed(0);
   torch::nn::Linear model(1024, 1024);
   model->to(nitro::Cuda::device());
@@ -159,4 +163,49 @@ TEST_CASE("GPU phases come from CUDA events without a synchronisation per step" 
   CHECK(s[Phase::backward].mean_ms > s[Phase::forward].mean_ms * 0.5);
   CHECK(s.peak_memory_bytes >= 4096 * 1024 * 4);
   CHECK_FALSE(std::isnan(s.device_idle_fraction));
+}
+
+TEST_CASE("the recorder's state saves and loads its figures") {
+  nitro::monitor::Recorder r({.window = 8, .warmup_steps = 0});
+  CHECK(r.device() == c10::Device(c10::kCPU));
+  const auto step = [&] {
+    r.begin_step();
+    r.mark(Phase::forward);
+    r.mark(Phase::backward);
+    r.mark(Phase::optimizer);
+    r.end_step(4);
+  };
+  step();
+  const auto saved = r.state();
+  for (int i = 0; i < 5; ++i) step();
+  CHECK(r.totals().steps == 6);
+  r.load_state(saved);
+  CHECK(r.totals().steps == 1);
+  CHECK(r.totals().samples == 4);
+  CHECK(r.window().size() == 1);
+  nitro::monitor::Recorder other({.window = 4});
+  CHECK_THROWS_WITH_AS(other.load_state(saved), doctest::Contains("keeps 8 steps"), nitro::Error);
+}
+
+TEST_CASE("gpu: the monitor times and reads the model's GPU, not the current one" * nitro::test::needs_gpu()) {
+#if NITRO_WITH_CUDA
+  // cuda:1 while cuda:0 is current where two GPUs exist; else `cuda` resolved to the current one.
+  const bool two = nitro::test::gpu_count() >= 2;
+  const c10::Device device = two ? c10::Device(c10::kCUDA, 1) : nitro::Cuda::device();
+  c10::cuda::CUDAGuard current(0);
+  torch::manual_seed(0);
+  torch::nn::Linear model(512, 512);
+  model->to(device);
+  torch::optim::SGD opt(model->parameters(), 0.01);
+  MonitoredLoop loop{model, opt, {.monitor = {.warmup_steps = 1, .memory_every = 1}}};
+  CHECK(loop.monitor().device() == (two ? device : c10::Device(c10::kCUDA, 0)));
+  const auto x = torch::randn({2048, 512}, device);
+  for (int i = 0; i < 10; ++i) loop.step(x, [&](const at::Tensor& b) { return model->forward(b).pow(2).mean(); });
+  const auto s = nitro::monitor::summarize(loop.monitor());
+  CHECK(s.steps == 9);
+  CHECK(s[Phase::forward].mean_ms > 0.0);
+  // The peak read is that of the model's device, which holds at least the input.
+  CHECK(loop.monitor().totals().peak_cuda_allocated_bytes >= 2048 * 512 * 4);
+  if (!two) MESSAGE("one GPU: the non-default device index is not exercised");
+#endif
 }

@@ -69,9 +69,45 @@ struct GoodAmp {
   static constexpr std::string_view name = "good";
   static constexpr bool enabled = true;
   static constexpr bool scales_loss = false;
+  static constexpr c10::ScalarType dtype = c10::ScalarType::BFloat16;
   struct Options {
     double x = 1;
   };
+};
+struct AmpWithoutDtype {  // autocasts, but to what? The loop needs `dtype`.
+  using family = nitro::family::Amp;
+  static constexpr std::string_view name = "no dtype";
+  static constexpr bool enabled = true;
+  static constexpr bool scales_loss = false;
+  struct Options {};
+};
+struct ScalingWithoutScaler {  // scales the loss, but names no scaler
+  using family = nitro::family::Amp;
+  static constexpr std::string_view name = "no scaler";
+  static constexpr bool enabled = true;
+  static constexpr bool scales_loss = true;
+  static constexpr c10::ScalarType dtype = c10::ScalarType::Half;
+  struct Options {};
+};
+struct OffWithoutDtype {  // off: no dtype needed
+  using family = nitro::family::Amp;
+  static constexpr std::string_view name = "off";
+  static constexpr bool enabled = false;
+  static constexpr bool scales_loss = false;
+  struct Options {};
+};
+struct AccumulationWithoutSteps {
+  using family = nitro::family::Accumulation;
+  static constexpr std::string_view name = "no steps";
+  static constexpr bool enabled = true;
+  struct Options {};
+};
+struct ClipWithoutApply {
+  using family = nitro::family::Clip;
+  static constexpr std::string_view name = "no apply";
+  static constexpr bool enabled = true;
+  struct Options {};
+  static void validate(const Options&) {}
 };
 struct NoOptions {
   using family = nitro::family::Amp;
@@ -92,8 +128,23 @@ struct GoodCheckpoint {
   struct Options {
     int segments = 4;
   };
+  static std::int64_t segments(std::int64_t, const Options& o) { return o.segments; }
+};
+struct CheckpointWithoutSegments {
+  using family = nitro::family::Checkpoint;
+  static constexpr std::string_view name = "no segments";
+  static constexpr bool enabled = true;
+  struct Options {};
 };
 static_assert(nitro::AmpPolicy<GoodAmp> && !nitro::CheckpointPolicy<GoodAmp>);
+// Each concept checks what the loop uses, and names the piece missing.
+static_assert(nitro::Policy<AmpWithoutDtype> && !nitro::NamesDtypeIfEnabled<AmpWithoutDtype> &&
+              !nitro::AmpPolicy<AmpWithoutDtype>);
+static_assert(!nitro::HasScalerIfScaling<ScalingWithoutScaler> && !nitro::AmpPolicy<ScalingWithoutScaler>);
+static_assert(nitro::AmpPolicy<OffWithoutDtype>);
+static_assert(!nitro::CountsMicroBatches<AccumulationWithoutSteps> && !nitro::AccumulationPolicy<AccumulationWithoutSteps>);
+static_assert(!nitro::CutsSegmentsIfEnabled<CheckpointWithoutSegments> && !nitro::CheckpointPolicy<CheckpointWithoutSegments>);
+static_assert(!nitro::ClipsIfEnabled<ClipWithoutApply> && !nitro::ClipPolicy<ClipWithoutApply>);
 static_assert(!nitro::HasOptions<NoOptions> && !nitro::AmpPolicy<NoOptions>);
 static_assert(!nitro::Switchable<RuntimeEnabled> && !nitro::CheckpointPolicy<RuntimeEnabled>);
 static_assert(nitro::CheckpointPolicy<GoodCheckpoint> && !nitro::AccumulationPolicy<GoodCheckpoint>);

@@ -21,7 +21,29 @@ static_assert(!ClipPolicy<checkpoint::Sqrt> && !EvictionPolicy<amp::Off>);
 // Loss scalers.
 static_assert(LossScaler<DynamicLossScale> && LossScaler<StaticLossScale> && !LossScaler<int>);
 
-// The loop finds its clip policy among the extras, clip::Off when none.
+// The loop finds each family's policy wherever it is given, the family's Off when none.
 static_assert(std::is_same_v<TrainingLoop<>::clip_policy, clip::Off>);
 static_assert(std::is_same_v<TrainingLoop<amp::Off, accumulate::Off, checkpoint::Off, clip::Value>::clip_policy, clip::Value>);
+using AnyOrder = TrainingLoop<clip::Norm, checkpoint::Sqrt, amp::Bf16>;
+static_assert(std::is_same_v<AnyOrder::amp_policy, amp::Bf16> && std::is_same_v<AnyOrder::clip_policy, clip::Norm> &&
+              std::is_same_v<AnyOrder::checkpoint_policy, checkpoint::Sqrt> &&
+              std::is_same_v<AnyOrder::accumulation_policy, accumulate::Off> &&
+              std::is_same_v<AnyOrder::monitor_policy, monitor::Off>);
+static_assert(std::is_same_v<TrainingLoop<accumulate::Fixed<4>>::accumulation_policy, accumulate::Fixed<4>>);
+static_assert(std::is_same_v<level::with<level::Advanced, clip::Value>::clip_policy, clip::Value>);
+
+// A user-written policy that satisfies its family's concept plugs into the loop unchanged.
+struct HalveGradients {
+  using family = family::Clip;
+  static constexpr std::string_view name = "halve";
+  static constexpr bool enabled = true;
+  struct Options {};
+  static void validate(const Options&) {}
+  static at::Tensor apply(nitro::detail::GradGroups& grads, const Options&) {
+    grads.for_each([](nitro::detail::GradGroups::Group& g) { at::_foreach_mul_(g.grads, 0.5); });
+    return {};
+  }
+};
+static_assert(ClipPolicy<HalveGradients>);
+static_assert(std::is_same_v<TrainingLoop<HalveGradients, amp::Bf16>::clip_policy, HalveGradients>);
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include "testing.hpp"
 
+#include <torch/optim/adam.h>
+
 #include <vector>
 
 namespace {
@@ -205,4 +207,56 @@ TEST_CASE("Adaptive bad input") {
   const auto scalar = torch::tensor(1.0);
   CHECK_THROWS_WITH_AS(loop.step(scalar, [&](const at::Tensor& x) { return model->forward(torch::ones({1, 32}) * x).sum(); }),
                        doctest::Contains("dimension 0"), nitro::Error);
+}
+
+TEST_CASE("Adaptive splits on out-of-memory that cuBLAS, cuDNN or CUDA report as a plain c10::Error") {
+  const auto reference = train_adaptive(1, 4, 0);  // four parts of 64 rows, no budget
+  auto model = wide_mlp();
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  AdaptiveLoop loop{model, opt};
+  const Classification d(256, 100);
+  int refused = 0;
+  const auto r = loop.step(std::make_pair(d.x, d.y), [&](const auto& b) {
+    // What cuBLAS says near the limit, for anything over 64 rows.
+    if (b.first.size(0) > 64) {
+      ++refused;
+      throw c10::Error("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`");
+    }
+    return torch::cross_entropy_loss(model->forward(b.first), b.second);
+  });
+  CHECK(r.stepped);
+  CHECK(loop.split() == 4);
+  CHECK(refused == 2);  // 256 rows, then 128
+  const auto params = model->parameters();
+  for (size_t i = 0; i < reference.size(); ++i) CHECK(torch::allclose(params[i], reference[i], 1e-5, 1e-6));
+}
+
+TEST_CASE("Adaptive passes any other error on at once, without splitting") {
+  auto model = wide_mlp();
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05));
+  AdaptiveLoop loop{model, opt};
+  const Classification d(256, 7);
+  CHECK_THROWS_WITH_AS(loop.step(std::make_pair(d.x, d.y), [&](const auto& b) {
+    return torch::cross_entropy_loss(model->forward(b.first.narrow(1, 0, 16)), b.second);  // a shape error
+  }), doctest::Contains("shapes cannot be multiplied"), c10::Error);
+  CHECK(loop.split() == 1);
+  CHECK(loop.splits_made() == 0);
+}
+
+TEST_CASE("Adaptive: an out-of-memory in the optimizer step reaches the caller with the window reset") {
+  // Adam's state made on the first step is what runs out: the budget fits forward and backward only.
+  auto model = wide_mlp();
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-3));
+  const Classification d(4, 7);  // few rows: the gradients are most of forward and backward's memory
+  std::int64_t params_bytes = 0;
+  for (const auto& p : model->parameters()) params_bytes += p.numel() * 4;
+  nitro::memory::ScopedCpuTracking track{{.budget_bytes = params_bytes * 2}};  // gradients fit, Adam's two moments do not
+  AdaptiveLoop loop{model, opt};
+  CHECK_THROWS_AS(loop.step(std::make_pair(d.x, d.y), [&](const auto& b) {
+    return torch::cross_entropy_loss(model->forward(b.first), b.second);
+  }), c10::OutOfMemoryError);
+  CHECK(loop.split() == 1);  // the batch was not split: splitting does not shrink the optimizer's memory
+  CHECK(loop.pending_micro_batches() == 0);
+  CHECK(loop.optimizer_steps() == 0);
+  for (const auto& p : model->parameters()) CHECK_FALSE(p.grad().defined());
 }

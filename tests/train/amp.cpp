@@ -19,10 +19,10 @@ struct Reference {
 };
 
 // Runs tests/train/gradscaler_reference.py with the Python of the build environment.
-Reference python_reference(int steps, int growth_interval, const std::string& inject) {
+Reference python_reference(int steps, int growth_interval, const std::string& inject, const std::string& device) {
   const std::string command = std::string("\"") + NITRO_TEST_PYTHON + "\" \"" NITRO_SOURCE_DIR
                               "/tests/train/gradscaler_reference.py\" " + std::to_string(steps) + " " +
-                              std::to_string(growth_interval) + " " + inject + " 2>/dev/null";
+                              std::to_string(growth_interval) + " " + inject + " " + device + " 2>/dev/null";
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
   REQUIRE(pipe != nullptr);
   Reference ref;
@@ -46,14 +46,12 @@ Reference python_reference(int steps, int growth_interval, const std::string& in
 
 bool have_python() { return std::string(NITRO_TEST_PYTHON).size() > 0; }
 
-}  // namespace
-
-TEST_CASE("amp::Fp16 with DynamicLossScale follows torch.amp.GradScaler step for step" *
-          doctest::skip(!have_python())) {
+// The C++ loop against Python's GradScaler on `device`: 14 steps, growth interval 3, inf at 4 steps.
+void check_against_gradscaler(const c10::Device& device) {
   nitro::hw::ScopedSettings one_thread{{.intra_op_threads = 1}};
   const int steps = 14, growth_interval = 3;
   const std::string inject = "2,7,8,12";
-  const auto ref = python_reference(steps, growth_interval, inject);
+  const auto ref = python_reference(steps, growth_interval, inject, device.is_cuda() ? "cuda" : "cpu");
   REQUIRE(ref.scales.size() == steps);
   REQUIRE(ref.params.size() == 15);
 
@@ -63,6 +61,7 @@ TEST_CASE("amp::Fp16 with DynamicLossScale follows torch.amp.GradScaler step for
     model->weight.copy_(torch::linspace(-0.5, 0.5, 12).reshape({3, 4}));
     model->bias.copy_(torch::linspace(-0.1, 0.1, 3));
   }
+  model->to(device);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   using Loop = nitro::TrainingLoop<nitro::amp::Fp16<nitro::DynamicLossScale>>;
   Loop loop{model, optimizer, {.amp = {.init_scale = 1024.0, .growth_interval = growth_interval}}};
@@ -70,8 +69,8 @@ TEST_CASE("amp::Fp16 with DynamicLossScale follows torch.amp.GradScaler step for
 
   for (int k = 0; k < steps; ++k) {
     CAPTURE(k);
-    const auto x = torch::sin(torch::arange(32, torch::kFloat).reshape({8, 4}) * 0.37 + k);
-    const auto y = (torch::arange(8) + k) % 3;
+    const auto x = torch::sin(torch::arange(32, torch::kFloat).reshape({8, 4}) * 0.37 + k).to(device);
+    const auto y = ((torch::arange(8) + k) % 3).to(device);
     const auto r = loop.step(std::make_pair(x, y), [&](const auto& b) {
       auto loss = torch::cross_entropy_loss(model->forward(b.first), b.second);
       return infs.count(k) ? loss * std::numeric_limits<double>::infinity() : loss;
@@ -83,12 +82,23 @@ TEST_CASE("amp::Fp16 with DynamicLossScale follows torch.amp.GradScaler step for
   CHECK(loop.skipped_steps() == 4);
   std::vector<double> params;
   for (const auto& p : model->parameters())
-    for (auto v : p.detach().flatten().to(torch::kDouble).contiguous().view(-1).unbind()) params.push_back(v.item<double>());
+    for (auto v : p.detach().flatten().to(torch::kCPU, torch::kDouble).contiguous().view(-1).unbind()) params.push_back(v.item<double>());
   REQUIRE(params.size() == ref.params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     CAPTURE(i);
     CHECK(params[i] == doctest::Approx(ref.params[i]).epsilon(1e-6));
   }
+}
+
+}  // namespace
+
+TEST_CASE("amp::Fp16 with DynamicLossScale follows torch.amp.GradScaler step for step" *
+          doctest::skip(!have_python())) {
+  check_against_gradscaler(c10::Device(c10::kCPU));
+}
+
+TEST_CASE("gpu: amp::Fp16 on the GPU follows torch.amp.GradScaler on the same GPU" * nitro::test::needs_gpu(!have_python())) {
+  check_against_gradscaler(nitro::Cuda::device(0));
 }
 
 TEST_CASE("DynamicLossScale: growth, backoff and state_dict round trip") {

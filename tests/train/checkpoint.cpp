@@ -1,7 +1,9 @@
-#include <nitro/train/training_loop.hpp>
+#include <nitro/memory/tracking_allocator.hpp>
+#include <nitro/train/levels.hpp>
 
 #include "testing.hpp"
 
+#include <cstdint>
 #include <vector>
 
 namespace {
@@ -56,7 +58,7 @@ TEST_CASE("Segments and Sqrt give the gradients of the plain forward, dropout in
   const auto plain = gradients(seq, [&](const at::Tensor& x) { return seq->forward(x); });
   for (std::int64_t segments : {1, 2, 4, 6, 28}) {
     CAPTURE(segments);
-    check_same(plain, gradients(seq, [&](const at::Tensor& x) { return nitro::detail::run_segments(*seq, segments, x); }), 1e-6);
+    check_same(plain, gradients(seq, [&](const at::Tensor& x) { return nitro::checkpoint::sequential(seq, segments, x); }), 1e-6);
   }
   torch::optim::SGD optimizer(seq->parameters(), 0.1);
   nitro::TrainingLoop<nitro::amp::Off, nitro::accumulate::Off, nitro::checkpoint::Sqrt> loop{seq, optimizer};
@@ -69,7 +71,7 @@ TEST_CASE("Segments and Sqrt give the gradients of the plain forward, dropout in
 TEST_CASE("checkpointed recomputation under bf16 autocast equals the plain bf16 gradients") {
   auto seq = make_mlp(4);
   const auto plain = gradients(seq, [&](const at::Tensor& x) { return seq->forward(x); }, /*bf16=*/true);
-  const auto ckpt = gradients(seq, [&](const at::Tensor& x) { return nitro::detail::run_segments(*seq, 3, x); }, true);
+  const auto ckpt = gradients(seq, [&](const at::Tensor& x) { return nitro::checkpoint::sequential(seq, 3, x); }, true);
   check_same(plain, ckpt, 1e-6);
 }
 
@@ -99,4 +101,140 @@ TEST_CASE("checkpoint::run inside a forward: recomputed once in backward, gradie
       [](const at::Tensor& p, const at::Tensor& q) { return std::vector<at::Tensor>{p * q, p.exp()}; }, a, b);
   (outs[0].sum() + outs[1].sum()).backward();
   CHECK(torch::allclose(a.grad(), b + a.exp().detach()));
+}
+
+TEST_CASE("checkpoint::run takes integer inputs: token ids into an embedding") {
+  torch::manual_seed(3);
+  torch::nn::Embedding embed(50, 8);
+  torch::nn::Linear head(8, 1);
+  const auto ids = torch::randint(0, 50, {4, 6}, torch::kLong);  // int64, cannot require grad
+  const auto out = nitro::checkpoint::run([embed, head](const at::Tensor& t) mutable { return head->forward(embed->forward(t)); }, ids);
+  out.pow(2).mean().backward();
+  const auto embed_grad = embed->weight.grad().clone(), head_grad = head->weight.grad().clone();
+  embed->zero_grad();
+  head->zero_grad();
+  head->forward(embed->forward(ids)).pow(2).mean().backward();
+  CHECK(torch::allclose(embed->weight.grad(), embed_grad, 1e-6, 1e-7));
+  CHECK(torch::allclose(head->weight.grad(), head_grad, 1e-6, 1e-7));
+}
+
+namespace {
+// A forward that returns before its backward runs, its checkpointed function reading a local that
+// is gone by then: captured by value, as the rule says.
+at::Tensor scaled_forward(torch::nn::Linear& layer, const at::Tensor& x) {
+  const auto scale = torch::full({16}, 0.5);  // a local of this forward
+  const double shift = 0.25;
+  return nitro::checkpoint::run([=](const at::Tensor& in) mutable { return torch::tanh(layer->forward(in) * scale + shift); }, x);
+}
+}  // namespace
+
+TEST_CASE("a function captured by value is recomputed correctly after its forward has returned") {
+  torch::manual_seed(4);
+  torch::nn::Linear layer(16, 16);
+  const auto x = torch::randn({4, 16});
+  scaled_forward(layer, x).sum().backward();
+  const auto checkpointed = layer->weight.grad().clone();
+  layer->zero_grad();
+  torch::tanh(layer->forward(x) * torch::full({16}, 0.5) + 0.25).sum().backward();
+  CHECK(torch::allclose(layer->weight.grad(), checkpointed, 1e-6, 1e-7));
+}
+
+namespace {
+// A custom module (not a Sequential), as ported LibTorch programs have: a stem, blocks held in a
+// vector, a head. Its forward lets the training loop's checkpoint policy act on the blocks.
+struct TowerImpl : torch::nn::Module {
+  explicit TowerImpl(int depth) {
+    torch::manual_seed(5);
+    stem = register_module("stem", torch::nn::Linear(32, 64));
+    for (int i = 0; i < depth; ++i) blocks.push_back(register_module("block" + std::to_string(i), torch::nn::Linear(64, 64)));
+    head = register_module("head", torch::nn::Linear(64, 1));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    ++forwards;
+    saw_checkpointing = nitro::checkpoint::active();
+    auto h = torch::relu(stem->forward(x));
+    h = nitro::checkpoint::sequential(blocks, h);
+    return head->forward(h);
+  }
+  torch::nn::Linear stem{nullptr}, head{nullptr};
+  std::vector<torch::nn::Linear> blocks;
+  int forwards = 0;
+  bool saw_checkpointing = false;
+};
+TORCH_MODULE(Tower);
+
+template <class Loop>
+std::pair<std::vector<at::Tensor>, std::int64_t> train_tower(bool* saw_checkpointing) {
+  Tower model(16);
+  torch::optim::SGD optimizer(model->parameters(), 0.01);
+  Loop loop{model, optimizer};
+  torch::manual_seed(6);
+  const auto x = torch::randn({1024, 32}), y = torch::randn({1024, 1});  // activations outweigh the gradients
+  nitro::memory::ScopedCpuTracking track;
+  for (int i = 0; i < 2; ++i) loop.step(std::make_pair(x, y), [&](const auto& b) { return (model->forward(b.first) - b.second).pow(2).mean(); });
+  *saw_checkpointing = model->saw_checkpointing;
+  std::vector<at::Tensor> params;
+  for (const auto& p : model->parameters()) params.push_back(p.detach().clone());
+  return {params, track.stats().peak_bytes};
+}
+}  // namespace
+
+TEST_CASE("a custom module's forward takes the loop's checkpoint policy: Ultra's memory, the same training") {
+  bool plain_saw = true, sqrt_saw = false;
+  const auto [plain, plain_peak] = train_tower<nitro::TrainingLoop<>>(&plain_saw);
+  const auto [sqrt, sqrt_peak] = train_tower<nitro::TrainingLoop<nitro::checkpoint::Sqrt>>(&sqrt_saw);
+  CHECK_FALSE(plain_saw);
+  CHECK(sqrt_saw);
+  CAPTURE(plain_peak);
+  CAPTURE(sqrt_peak);
+  CHECK(sqrt_peak < plain_peak * 3 / 4);  // 4 of 16 block activations kept instead of all
+  REQUIRE(plain.size() == sqrt.size());
+  for (size_t i = 0; i < plain.size(); ++i) CHECK(torch::allclose(plain[i], sqrt[i], 1e-5, 1e-7));
+
+  // Outside a loop (evaluation), and inside a loop without checkpointing, the blocks run plainly.
+  Tower eval(4);
+  CHECK_FALSE(nitro::checkpoint::active());
+  (void)eval->forward(torch::randn({2, 32}));
+  CHECK_FALSE(eval->saw_checkpointing);
+}
+
+TEST_CASE("level::Ultra trains a custom module whose forward uses checkpoint::block") {
+  struct NetImpl : torch::nn::Module {
+    NetImpl() : fc1(register_module("fc1", torch::nn::Linear(8, 32))), fc2(register_module("fc2", torch::nn::Linear(32, 2))) {}
+    at::Tensor forward(const at::Tensor& x) {
+      const auto h = nitro::checkpoint::block([this](const at::Tensor& in) { return torch::relu(fc1->forward(in)); }, x);
+      return fc2->forward(h);
+    }
+    torch::nn::Linear fc1, fc2;
+  };
+  auto net = std::make_shared<NetImpl>();
+  torch::optim::SGD optimizer(net->parameters(), 0.1);
+  nitro::level::Ultra loop{net, optimizer, {.accumulate = {.steps = 2}}};
+  const auto x = torch::randn({16, 8});
+  const auto y = torch::randint(0, 2, {16});
+  int stepped = 0;
+  for (int i = 0; i < 4; ++i)
+    stepped += loop.step(std::make_pair(x, y), [&](const auto& b) { return torch::cross_entropy_loss(net->forward(b.first), b.second); }).stepped;
+  CHECK(stepped == 2);
+}
+
+TEST_CASE("a step that checkpointed nothing under Segments or Sqrt is an error before its backward") {
+  auto seq = make_mlp(4);
+  torch::optim::SGD optimizer(seq->parameters(), 0.1);
+  nitro::TrainingLoop<nitro::checkpoint::Sqrt> loop{seq, optimizer};
+  const auto x = torch::randn({8, 16});
+  // A one-argument loss function calls the Sequential directly: the loop cannot checkpoint it.
+  CHECK_THROWS_WITH_AS(loop.step(x, [&](const at::Tensor& in) { return seq->forward(in).mean(); }),
+                       doctest::Contains("checkpointed nothing"), nitro::Error);
+  CHECK(loop.pending_micro_batches() == 0);
+  for (const auto& p : seq->parameters()) CHECK_FALSE(p.grad().defined());  // no backward ran
+  // Taking the forward works.
+  CHECK(loop.step(x, [](auto& forward, const at::Tensor& in) { return forward(in).mean(); }).stepped);
+
+  // A custom module whose forward never asks.
+  torch::nn::Linear linear(16, 1);
+  torch::optim::SGD opt2(linear->parameters(), 0.1);
+  nitro::TrainingLoop<nitro::checkpoint::Segments<2>> custom{linear, opt2};
+  CHECK_THROWS_WITH_AS(custom.step(x, [&](const at::Tensor& in) { return linear->forward(in).mean(); }),
+                       doctest::Contains("checkpoint::sequential(blocks, x)"), nitro::Error);
 }

@@ -1,8 +1,13 @@
+#include <nitro/memory/tracking_allocator.hpp>
 #include <nitro/train/levels.hpp>
 
 #include "testing.hpp"
 
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace {
 const auto x = torch::ones({4, 3});
@@ -98,4 +103,183 @@ TEST_CASE("levels are the documented combinations, with their hardware settings"
   CHECK_FALSE(nitro::level::hardware<nitro::level::Basic>().cudnn_benchmark.has_value());
   CHECK(nitro::level::hardware<nitro::level::Advanced>().tf32 == true);
   CHECK(nitro::level::hardware<nitro::level::Ultra>().cudnn_benchmark == true);
+}
+
+namespace {
+
+std::int64_t tensor_bytes(const std::vector<at::Tensor>& ts) {
+  std::int64_t n = 0;
+  for (const auto& t : ts) n += static_cast<std::int64_t>(t.numel() * t.element_size());
+  return n;
+}
+
+// Live CPU tensor bytes right after an optimizer step: the parameters and the optimizer's state, and
+// nothing of the gradients (which zero_grad set to none).
+template <class Loop>
+void check_nothing_but_parameters_and_state_live(typename Loop::Options options, int micro_batches) {
+  const auto batch = torch::randn({16, 256});
+  nitro::memory::ScopedCpuTracking track;  // counts everything made from here on
+  torch::nn::Sequential model(torch::nn::Linear(256, 256), torch::nn::Functional(torch::relu), torch::nn::Linear(256, 1));
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  Loop loop{model, optimizer, options};
+  const auto params = tensor_bytes(model->parameters());
+  for (int round = 0; round < 2; ++round) {  // the first creates the momentum buffers
+    nitro::StepResult r;
+    for (int m = 0; m < micro_batches; ++m) r = loop.step(batch, [&](const at::Tensor& x) { return model->forward(x).pow(2).mean(); });
+    REQUIRE(r.stepped);
+  }
+  const auto live = track.stats().live_bytes;
+  CAPTURE(params);
+  CAPTURE(live);
+  // Parameters + one momentum buffer each, and the few scalars a StepResult holds.
+  CHECK(live >= 2 * params);
+  CHECK(live - 2 * params < 4096);
+}
+
+// An optimizer that fails on chosen calls of step(), as Adam running out of memory making its state.
+struct FailingSGD : torch::optim::SGD {
+  using torch::optim::SGD::SGD;
+  int calls = 0;
+  int fail_on = 1;
+  at::Tensor step(LossClosure closure = nullptr) override {
+    if (++calls == fail_on) throw c10::OutOfMemoryError({"step", __FILE__, __LINE__}, "CUDA out of memory (test)");
+    return torch::optim::SGD::step(std::move(closure));
+  }
+};
+
+// A clip policy that sees the gradients right after the non-finite check: their version counters
+// tell whether anything wrote them in between.
+struct Versions {
+  using family = nitro::family::Clip;
+  static constexpr std::string_view name = "versions";
+  static constexpr bool enabled = true;
+  struct Options {
+    std::vector<std::int64_t>* seen = nullptr;
+  };
+  static void validate(const Options&) {}
+  static at::Tensor apply(nitro::detail::GradGroups& grads, const Options& o) {
+    grads.for_each([&](nitro::detail::GradGroups::Group& g) {
+      for (const auto& t : g.grads) o.seen->push_back(static_cast<std::int64_t>(t._version()));
+    });
+    return {};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("no gradient outlives its optimizer step: live bytes after a step are the parameters and the state") {
+  check_nothing_but_parameters_and_state_live<nitro::level::Basic>({}, 1);
+  check_nothing_but_parameters_and_state_live<nitro::TrainingLoop<nitro::accumulate::Fixed<2>, nitro::clip::Norm>>({}, 2);
+  check_nothing_but_parameters_and_state_live<nitro::level::Basic>({.skip_nonfinite = true}, 1);
+}
+
+TEST_CASE("StepResult::loss_scale is a copy: later steps do not change it") {
+  torch::nn::Linear model(3, 1);
+  torch::optim::SGD optimizer(model->parameters(), 0.01);
+  nitro::TrainingLoop<nitro::amp::Fp16<>> loop{model, optimizer, {.amp = {.init_scale = 1024.0}}};
+  const auto first = loop.step(x, [&](const at::Tensor& in) { return model->forward(in).mean(); });
+  REQUIRE(first.stepped);
+  const auto second = loop.step(x, [&](const at::Tensor& in) {
+    return model->forward(in).mean() * std::numeric_limits<double>::infinity();  // backs the scale off
+  });
+  REQUIRE(second.skipped);
+  CHECK(first.loss_scale.item<double>() == 1024.0);
+  CHECK(second.loss_scale.item<double>() == 512.0);
+  CHECK(loop.scaler().current_scale() == 512.0);
+}
+
+TEST_CASE("skip_nonfinite reads the gradients without writing them, and catches NaN as well as inf") {
+  const auto versions = [](bool skip_nonfinite) {
+    torch::manual_seed(0);
+    torch::nn::Linear model(3, 2);
+    torch::optim::SGD optimizer(model->parameters(), 0.1);
+    std::vector<std::int64_t> seen;
+    nitro::TrainingLoop<Versions> loop{model, optimizer, {.clip = {.seen = &seen}, .skip_nonfinite = skip_nonfinite}};
+    loop.step(x, [&](const at::Tensor& in) { return model->forward(in).mean(); });
+    return seen;
+  };
+  const auto plain = versions(false), checked = versions(true);
+  REQUIRE(plain.size() == 2);
+  CHECK(checked == plain);
+
+  torch::nn::Linear model(3, 1);
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  nitro::level::Basic loop{model, optimizer, {.skip_nonfinite = true}};
+  const auto before = model->weight.detach().clone();
+  CHECK(loop.step(x, [&](const at::Tensor& in) { return model->forward(in).mean() * NAN; }).skipped);
+  CHECK(model->weight.equal(before));
+}
+
+TEST_CASE("a failed optimizer step leaves no half-done window: the next steps start a new one") {
+  torch::nn::Linear model(3, 1);
+  FailingSGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  nitro::TrainingLoop<nitro::accumulate::Fixed<2>> loop{model, optimizer};
+  const auto loss = [&](const at::Tensor& in) { return model->forward(in).mean(); };
+  CHECK_FALSE(loop.step(x, loss).stepped);
+  CHECK_THROWS_AS(loop.step(x, loss), c10::OutOfMemoryError);
+  CHECK(loop.pending_micro_batches() == 0);
+  CHECK(loop.optimizer_steps() == 0);
+  for (const auto& p : model->parameters()) CHECK_FALSE(p.grad().defined());
+  CHECK_FALSE(loop.step(x, loss).stepped);  // a new window of two
+  CHECK(loop.step(x, loss).stepped);
+  CHECK(loop.optimizer_steps() == 1);
+}
+
+TEST_CASE("state() and load_state() put the loop's counters, window and loss scale back, and refuse what does not fit") {
+  torch::nn::Linear model(3, 1);
+  torch::optim::SGD optimizer(model->parameters(), 0.01);
+  using Loop = nitro::TrainingLoop<nitro::accumulate::Dynamic, nitro::amp::Fp16<>>;
+  Loop loop{model, optimizer, {.amp = {.init_scale = 256.0}, .accumulate = {.steps = 3}}};
+  const auto loss = [&](const at::Tensor& in) { return model->forward(in).mean(); };
+  const auto saved = loop.state();
+  CHECK(saved.accumulation_steps == 3);
+  CHECK(saved.pending_micro_batches == 0);
+  REQUIRE(saved.loss_scale.has_value());
+  CHECK(saved.loss_scale->scale == 256.0);
+  for (int i = 0; i < 4; ++i) loop.step(x, loss);
+  loop.step(x, [&](const at::Tensor& in) { return loss(in) * std::numeric_limits<double>::infinity(); });
+  loop.step(x, loss);
+  CHECK(loop.optimizer_steps() == 2);
+  CHECK(loop.skipped_steps() == 1);
+  CHECK(loop.scaler().current_scale() == 128.0);
+  optimizer.zero_grad(true);
+  loop.load_state(saved);
+  CHECK(loop.optimizer_steps() == 0);
+  CHECK(loop.skipped_steps() == 0);
+  CHECK(loop.pending_micro_batches() == 0);
+  CHECK(loop.scaler().current_scale() == 256.0);
+
+  auto bad = saved;
+  bad.pending_micro_batches = 3;
+  CHECK_THROWS_WITH_AS(loop.load_state(bad), doctest::Contains("pending_micro_batches"), nitro::Error);
+  bad = saved;
+  bad.loss_scale.reset();
+  CHECK_THROWS_WITH_AS(loop.load_state(bad), doctest::Contains("lacks a loss scale"), nitro::Error);
+  bad = saved;
+  bad.skipped_steps = 5;
+  CHECK_THROWS_WITH_AS(loop.load_state(bad), doctest::Contains("skipped_steps"), nitro::Error);
+  bad = saved;
+  bad.loss_scale->growth_tracker = -1;
+  CHECK_THROWS_AS(loop.load_state(bad), nitro::Error);
+  CHECK(loop.scaler().current_scale() == 256.0);  // a refused state changed nothing
+
+  nitro::TrainingLoop<nitro::accumulate::Fixed<2>> fixed{model, optimizer};
+  auto other = fixed.state();
+  other.accumulation_steps = 3;
+  CHECK_THROWS_WITH_AS(fixed.load_state(other), doctest::Contains("only accumulate::Dynamic"), nitro::Error);
+}
+
+TEST_CASE("policies in any order make the same loop") {
+  const auto run = [](auto loop_tag) {
+    using Loop = typename decltype(loop_tag)::type;
+    torch::manual_seed(0);
+    torch::nn::Linear model(3, 1);
+    torch::optim::SGD optimizer(model->parameters(), 0.5);
+    Loop loop{model, optimizer, {.clip = {.max_norm = 0.1}}};
+    for (int i = 0; i < 4; ++i) loop.step(x, [&](const at::Tensor& in) { return model->forward(in).pow(2).mean(); });
+    return model->weight.detach().clone();
+  };
+  const auto a = run(std::type_identity<nitro::TrainingLoop<nitro::amp::Off, nitro::accumulate::Fixed<2>, nitro::checkpoint::Off, nitro::clip::Norm>>{});
+  const auto b = run(std::type_identity<nitro::TrainingLoop<nitro::clip::Norm, nitro::accumulate::Fixed<2>>>{});
+  CHECK(a.equal(b));
 }

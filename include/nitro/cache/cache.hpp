@@ -133,6 +133,8 @@ class Cache {
   using evictor_type = typename Policy::template Evictor<Key>;
   /// Called outside the cache's lock, once per entry evicted or refused; it may use the cache.
   using Callback = std::function<void(const Key&, const Value&, RemovalCause)>;
+  /// What one put removed, in order: each entry evicted for room, or the put value itself when refused.
+  using Removed = std::vector<std::tuple<Key, Value, RemovalCause>>;
 
   struct Options {
     /// The byte budget, > 0: the sum of the weights held never exceeds it.
@@ -155,25 +157,19 @@ class Cache {
   /// budget holds. Returns whether the value stayed: a value larger than the budget is refused (not an
   /// error), and a policy may refuse a newcomer in favour of what it holds.
   bool put(const Key& key, Value value) {
-    const std::size_t weight = weigh(value);
     Removed removed;
-    bool admitted = false;
-    {
-      std::lock_guard guard(lock_);
-      const std::uint64_t h = index_.hash_function()(key);
-      if (const cache::Slot old = index_.find_hashed(key, h); old != cache::no_slot) {
-        evictor_.on_erase(old);
-        remove(old);
-      }
-      if (weight > capacity_) {
-        ++stats_.rejections;
-        if (callback_) removed.emplace_back(key, std::move(value), RemovalCause::rejected);
-      } else {
-        admitted = insert(key, std::move(value), weight, removed);
-      }
-    }
+    const bool admitted = put_collecting(key, std::move(value), removed, /*always=*/false);
     notify(removed);
     return admitted;
+  }
+
+  /// put(), but what it removes is appended to `removed` for the caller instead of going to the
+  /// on_evict callback (which is not called). For a layer that must act on removals itself, in its
+  /// own order and under its own locks: TieredCache spills them to disk.
+  ///   Cache_mt<evict::Lru>::Removed removed;
+  ///   cache.put(i, x, removed);  // then handle each (key, value, cause) in removed
+  bool put(const Key& key, Value value, Removed& removed) {
+    return put_collecting(key, std::move(value), removed, /*always=*/true);
   }
 
   /// The value under `key`, or nothing; a hit counts as an access for the policy.
@@ -262,12 +258,29 @@ class Cache {
     Value value{};
     std::size_t weight = 0;
   };
-  using Removed = std::vector<std::tuple<Key, Value, RemovalCause>>;
 
   static std::size_t checked_capacity(std::size_t capacity) {
     NITRO_CHECK(capacity > 0, "nitro::Cache<", Policy::name,
                 ">: capacity_bytes is 0; give the byte budget, e.g. {.capacity_bytes = 1ull << 30} for 1 GiB");
     return capacity;
+  }
+
+  // Keeps what it removes in `removed` when `always`, or when there is a callback to hand it to.
+  bool put_collecting(const Key& key, Value&& value, Removed& removed, bool always) {
+    const std::size_t weight = weigh(value);
+    std::lock_guard guard(lock_);
+    const bool keep = always || static_cast<bool>(callback_);
+    const std::uint64_t h = index_.hash_function()(key);
+    if (const cache::Slot old = index_.find_hashed(key, h); old != cache::no_slot) {
+      evictor_.on_erase(old);
+      remove(old);
+    }
+    if (weight > capacity_) {
+      ++stats_.rejections;
+      if (keep) removed.emplace_back(key, std::move(value), RemovalCause::rejected);
+      return false;
+    }
+    return insert(key, std::move(value), weight, removed, keep);
   }
 
   std::size_t weigh(const Value& value) const {
@@ -279,7 +292,7 @@ class Cache {
     return static_cast<std::size_t>(w);
   }
 
-  bool insert(const Key& key, Value&& value, std::size_t weight, Removed& removed) {
+  bool insert(const Key& key, Value&& value, std::size_t weight, Removed& removed, bool keep) {
     cache::Slot slot;
     if (!free_.empty()) {
       slot = free_.back();
@@ -304,7 +317,7 @@ class Cache {
       const bool self = *v == slot;
       admitted = admitted && !self;
       ++(self ? stats_.rejections : stats_.evictions);
-      if (callback_)
+      if (keep)
         removed.emplace_back(entries_[*v].key, std::move(entries_[*v].value),
                              self ? RemovalCause::rejected : RemovalCause::evicted);
       remove(*v);
@@ -324,7 +337,7 @@ class Cache {
   }
 
   void notify(Removed& removed) {
-    for (auto& [key, value, cause] : removed) callback_(key, value, cause);
+    for (auto& [key, value, cause] : removed) callback_(key, value, cause);  // not empty only with a callback
   }
 
   const std::size_t capacity_;
@@ -360,7 +373,8 @@ class ShardedCache {
   struct Options {
     /// The byte budget of all shards together, > 0.
     std::size_t capacity_bytes = 0;
-    /// Number of shards, a power of two; 0 picks 4 x the hardware threads (at least 8).
+    /// Number of shards, a power of two from 1 to 4096; 0 picks 4 x the hardware threads (at least 8,
+    /// at most 4096).
     std::size_t shards = 0;
     typename Policy::Options policy{};
   };
@@ -368,12 +382,13 @@ class ShardedCache {
   explicit ShardedCache(Options options) : ShardedCache(std::move(options), Weigher{}) {}
   ShardedCache(Options options, Weigher weigher) {
     std::size_t n = options.shards;
-    if (n == 0) n = std::bit_ceil(std::max<std::size_t>(8, 4 * std::thread::hardware_concurrency()));
-    NITRO_CHECK(std::has_single_bit(n) && n <= 4096, "nitro::ShardedCache: shards is ", options.shards,
-                "; give a power of two up to 4096, or 0 for the default");
+    if (n == 0)
+      n = std::min(max_shards, std::bit_ceil(std::max<std::size_t>(8, 4 * std::thread::hardware_concurrency())));
+    NITRO_CHECK(std::has_single_bit(n) && n <= max_shards, "nitro::ShardedCache: shards is ", options.shards,
+                "; give a power of two up to ", max_shards, ", or 0 for the default");
     NITRO_CHECK(options.capacity_bytes >= n, "nitro::ShardedCache: capacity_bytes ", options.capacity_bytes,
                 " is less than one byte per shard (", n, " shards); give a larger budget or fewer shards");
-    shift_ = 64 - std::countr_zero(n);
+    mask_ = n - 1;
     shards_.reserve(n);
     for (std::size_t i = 0; i < n; ++i)
       shards_.push_back(std::make_unique<Padded>(
@@ -414,8 +429,14 @@ class ShardedCache {
     Padded(typename Shard::Options o, const Weigher& w) : cache(std::move(o), w) {}
     Shard cache;
   };
-  // The high bits pick the shard; the shard's index uses the low bits of the same hash.
-  Shard& shard(const Key& key) const { return shards_[Hash{}(key) >> shift_]->cache; }
+  static constexpr std::size_t max_shards = 4096;
+  // The top 12 bits of the hash, masked, pick the shard (the shard's index uses the low bits of the
+  // same hash). A fixed shift rather than `>> (64 - log2 n)`: one shard would shift by 64, which is
+  // undefined (x86 shifts by 0 and indexes out of range); the mask of one shard is 0.
+  static constexpr int shard_shift = 64 - std::countr_zero(max_shards);
+  Shard& shard(const Key& key) const {
+    return shards_[static_cast<std::size_t>(Hash{}(key) >> shard_shift) & mask_]->cache;
+  }
   template <class F>
   std::size_t sum(F f) const {
     std::size_t n = 0;
@@ -424,7 +445,7 @@ class ShardedCache {
   }
 
   std::vector<std::unique_ptr<Padded>> shards_;
-  int shift_ = 0;
+  std::size_t mask_ = 0;  // shards - 1
 };
 
 // ---- aliases (spdlog's _st / _mt) ------------------------------------------------------------------

@@ -4,7 +4,9 @@
 //   nitro::DiskTier            one file per key in a directory, a byte budget on the files, least
 //                              recently stored or loaded file removed first; thread safe
 //   nitro::TieredCache<Policy> a memory Cache<Policy> in front of a DiskTier: what memory evicts or
-//                              refuses is spilled to disk, a disk hit moves back into memory
+//                              refuses is spilled to disk, a disk hit moves back into memory when
+//                              memory keeps it; locks striped by key, so file I/O of different keys
+//                              runs at once
 //
 //   nitro::TieredCache<nitro::evict::Lru> samples{{.memory_capacity_bytes = 4_GiB,
 //                                                  .disk = {.directory = "/scratch/spill", .capacity_bytes = 64_GiB}}};
@@ -32,6 +34,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <bit>
 #include <cerrno>
@@ -41,12 +44,14 @@
 #include <cstring>
 #include <filesystem>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -601,14 +606,29 @@ struct TieredCacheStats {
 };
 
 /// A memory cache in front of a DiskTier: what the memory tier evicts or refuses is written to disk,
-/// and a get() that misses memory reads the disk, moving a hit back into memory.
+/// and a get() that misses memory reads the disk, moving a hit into memory when memory keeps it.
 /// @tparam Policy the memory tier's eviction policy (cache/evict/), required
-/// @tparam Lock   a BasicLockable for both the memory tier and the spill path; optional, default
-///                std::mutex (NullMutex for one thread)
+/// @tparam Lock   a BasicLockable for the memory tier and for each of the key stripes; optional,
+///                default std::mutex (NullMutex for one thread)
 ///
-/// Memory hits take only the memory tier's lock. Puts, spills, erases and disk reads are ordered by
-/// one lock, so a value erased or replaced never comes back from disk; a get racing a put or a
-/// promotion of the same key may miss (a cache miss, never a wrong value).
+/// What is locked, and what runs at once:
+///  - A memory hit takes only the memory tier's lock; it never waits on a file.
+///  - Every key belongs to one of 32 stripes (by its hash), each with its own lock. put(k), erase(k)
+///    and a get(k) that misses memory hold k's stripe, and no other, for their whole work on k: the
+///    disk read, the promotion, the file of a value memory refused. So operations on one key are
+///    ordered, while those on keys of different stripes run at once, file reads and writes included
+///    (the DiskTier itself writes and reads files outside its lock).
+///  - What a put or a promotion evicts from memory is spilled afterwards under the evicted key's own
+///    stripe, once the first stripe is released: a thread holds one stripe at a time, so two stripes
+///    never wait on each other. An evicted key of the same stripe is spilled at once, still under it.
+///  - clear() takes every stripe.
+///
+/// Guarantees: a value erased or replaced never comes back. Once put(k, v) has returned, get(k) gives
+/// v, a later put's value, or nothing; once erase(k) has returned, a later put's value or nothing. A
+/// spill that finds a put or erase of its key finished since the eviction is dropped (the value may
+/// be stale then). A get racing a put of the same key or the spill of its value may miss: a cache
+/// miss, never a wrong value. A disk hit that memory refuses (NoEvict when full) stays in its file,
+/// not written again; one that memory keeps leaves the disk.
 ///
 ///   nitro::TieredCache<nitro::evict::Lru> cache{{.memory_capacity_bytes = 1ull << 30,
 ///                                                .disk = {.directory = "/tmp/spill", .capacity_bytes = 8ull << 30}}};
@@ -632,12 +652,8 @@ class TieredCache {
   explicit TieredCache(Options options)
       : disk_(std::move(options.disk)),
         memory_({.capacity_bytes = checked_memory_capacity(options.memory_capacity_bytes),
-                 .policy = std::move(options.policy)}) {
-    // Runs on the thread whose put or promotion caused the removal, which holds spill_lock_.
-    memory_.on_evict([this](const std::int64_t& key, const at::Tensor& value, RemovalCause) {
-      disk_.store(key, value);
-    });
-  }
+                 .policy = std::move(options.policy)}),
+        write_stamps_(std::make_unique<std::uint64_t[]>(stamp_slots)) {}
 
   TieredCache(const TieredCache&) = delete;
   TieredCache& operator=(const TieredCache&) = delete;
@@ -645,34 +661,61 @@ class TieredCache {
   /// Stores `value` under `key` in memory (replacing it in both tiers); what memory evicts for room,
   /// or `value` itself when memory refuses it, goes to disk. Returns whether `value` is held in
   /// either tier. Throws nitro::Error for a tensor the disk tier could not hold (undefined, sparse,
-  /// quantized, nested) or when a spill cannot be written.
+  /// quantized, nested) or when a spill cannot be written (what was not yet spilled is dropped).
   ///   cache.put(i, image);
   bool put(std::int64_t key, at::Tensor value) {
     check_spillable(value);
-    std::lock_guard guard(spill_lock_);
-    disk_.erase(key);  // before the put: a refused value is spilled under the same key
-    return memory_.put(key, std::move(value)) || disk_.contains(key);
+    const std::size_t slot = slot_of(key);
+    Removed removed;
+    std::uint64_t since = 0;
+    bool held = false;
+    {
+      std::lock_guard guard(stripes_[stripe_of(slot)].lock);
+      disk_.erase(key);  // memory holds the new value now, or refuses it and it is written below
+      since = clock_.load(std::memory_order_relaxed);
+      const bool kept = memory_.put(key, std::move(value), removed);
+      stamp(slot);
+      spill_in_stripe(removed, stripe_of(slot));  // `value` itself when memory refused it
+      held = kept || disk_.contains(key);
+    }
+    spill_in_other_stripes(removed, stripe_of(slot), since);
+    return held;
   }
 
-  /// The tensor under `key`: from memory, else from disk (a CPU tensor, moved back into memory when
-  /// it fits there), else nothing.
+  /// The tensor under `key`: from memory, else from disk (a CPU tensor, moved into memory when
+  /// memory keeps it, else left in its file as it is), else nothing.
   ///   if (auto t = cache.get(i)) use(*t);
   [[nodiscard]] std::optional<at::Tensor> get(std::int64_t key) {
     if (auto hit = memory_.get(key)) return hit;
-    std::lock_guard guard(spill_lock_);
-    std::optional<at::Tensor> value = disk_.load(key);
-    if (value && static_cast<std::size_t>(TensorBytes{}(*value)) <= memory_.capacity()) {
-      disk_.erase(key);
-      memory_.put(key, *value);  // what this evicts is spilled; if the policy refuses it, back it goes
+    const std::size_t slot = slot_of(key);
+    Removed removed;
+    std::uint64_t since = 0;
+    std::optional<at::Tensor> value;
+    {
+      std::lock_guard guard(stripes_[stripe_of(slot)].lock);
+      value = disk_.load(key);
+      if (!value || static_cast<std::size_t>(TensorBytes{}(*value)) > memory_.capacity()) return value;
+      since = clock_.load(std::memory_order_relaxed);
+      // Memory first, then the file goes: memory shadows disk for a key it holds, so a get in
+      // between reads the same value. Not stamped: the value moves, it does not change.
+      if (memory_.put(key, *value, removed)) disk_.erase(key);
+      // Refused: its file already holds it. Writing it again is what made every disk hit of a full
+      // NoEvict tier a file write.
+      std::erase_if(removed, [&](const auto& r) { return std::get<0>(r) == key; });
+      spill_in_stripe(removed, stripe_of(slot));
     }
+    spill_in_other_stripes(removed, stripe_of(slot), since);
     return value;
   }
 
   /// Removes `key` from both tiers; false when neither held it.
   bool erase(std::int64_t key) {
-    std::lock_guard guard(spill_lock_);
+    const std::size_t slot = slot_of(key);
+    std::lock_guard guard(stripes_[stripe_of(slot)].lock);
     const bool in_memory = memory_.erase(key);
-    return disk_.erase(key) || in_memory;
+    const bool on_disk = disk_.erase(key);
+    stamp(slot);
+    return in_memory || on_disk;
   }
 
   /// Whether either tier holds `key`; not an access.
@@ -680,9 +723,10 @@ class TieredCache {
 
   /// Empties both tiers (no spills); the statistics stay.
   void clear() {
-    std::lock_guard guard(spill_lock_);
+    AllStripes all(stripes_);
     memory_.clear();
     disk_.clear();
+    cleared_ = clock_.fetch_add(1, std::memory_order_relaxed) + 1;
   }
 
   /// Entries in both tiers.
@@ -697,6 +741,68 @@ class TieredCache {
   [[nodiscard]] const disk_type& disk() const noexcept { return disk_; }
 
  private:
+  using Removed = typename memory_type::Removed;
+
+  // 32 stripes of locks, and 128 stamp slots per stripe (a slot's keys all share its stripe, so a
+  // slot's stamp is read and written under that stripe's lock). Not more stripes: clear() holds them
+  // all, with the tiers' own locks, and ThreadSanitizer follows at most 64 locks held by one thread.
+  static constexpr std::size_t stripe_count = 32;
+  static constexpr std::size_t stamp_slots = 4096;
+  static constexpr std::size_t slots_per_stripe = stamp_slots / stripe_count;
+  struct alignas(64) Stripe {  // a cache line each, so two threads on two stripes share none
+    Lock lock;
+  };
+  // Locks every stripe in index order; safe because no other thread ever waits for a second stripe.
+  class AllStripes {
+   public:
+    explicit AllStripes(std::array<Stripe, stripe_count>& stripes) : all_(stripes) {
+      for (auto& s : all_) s.lock.lock();
+    }
+    AllStripes(const AllStripes&) = delete;
+    AllStripes& operator=(const AllStripes&) = delete;
+    ~AllStripes() {
+      for (auto& s : all_) s.lock.unlock();
+    }
+
+   private:
+    std::array<Stripe, stripe_count>& all_;
+  };
+
+  static std::size_t slot_of(std::int64_t key) noexcept {
+    return static_cast<std::size_t>(cache::KeyHash<std::int64_t>{}(key) & (stamp_slots - 1));
+  }
+  static std::size_t stripe_of(std::size_t slot) noexcept { return slot / slots_per_stripe; }
+
+  // Stamps a key's slot once a put or erase of it has changed memory, under the key's stripe. A
+  // thread that evicts k2 read `clock_` (its `since`) before the memory put that evicted it; a put or
+  // erase of k2 that comes after the eviction changes memory after it (the memory tier's lock orders
+  // the two) and stamps after that, so its stamp is above `since` and the stale spill is dropped.
+  // Relaxed is enough: that lock already orders the read before the increment.
+  void stamp(std::size_t slot) noexcept {
+    write_stamps_[slot] = clock_.fetch_add(1, std::memory_order_relaxed) + 1;
+  }
+
+  // Spills the entries of `removed` in the stripe the caller holds and has held since before the
+  // memory put that removed them, so no put or erase of their keys can have come in between.
+  void spill_in_stripe(const Removed& removed, std::size_t held) {
+    for (const auto& [key, value, cause] : removed)
+      if (stripe_of(slot_of(key)) == held) disk_.store(key, value);
+  }
+
+  // Spills the other entries, each under its key's stripe, taken after the caller released its own.
+  // An entry whose slot was stamped after `since` (the clock before the memory put that evicted it)
+  // is dropped: a put or erase of its key may have finished since, and the value may be stale. A put
+  // or erase of another key of the slot (1 key in 4096 shares it) drops it too: a later miss, never
+  // a wrong value.
+  void spill_in_other_stripes(const Removed& removed, std::size_t held, std::uint64_t since) {
+    for (const auto& [key, value, cause] : removed) {
+      const std::size_t slot = slot_of(key);
+      if (stripe_of(slot) == held) continue;
+      std::lock_guard guard(stripes_[stripe_of(slot)].lock);
+      if (write_stamps_[slot] <= since && cleared_ <= since) disk_.store(key, value);
+    }
+  }
+
   static std::size_t checked_memory_capacity(std::size_t capacity) {
     NITRO_CHECK(capacity > 0, "nitro::TieredCache<", Policy::name, ">: memory_capacity_bytes is 0; give the memory "
                 "tier's byte budget, e.g. {.memory_capacity_bytes = 1ull << 30} for 1 GiB");
@@ -712,9 +818,12 @@ class TieredCache {
                 "(convert it, e.g. .to_dense())");
   }
 
-  disk_type disk_;  // declared first: the memory tier's callback writes to it, so it must outlive it
+  disk_type disk_;
   memory_type memory_;
-  mutable Lock spill_lock_;
+  std::array<Stripe, stripe_count> stripes_;
+  std::atomic<std::uint64_t> clock_{0};                // counts puts, erases and clears
+  std::unique_ptr<std::uint64_t[]> write_stamps_;      // [slot]: clock_ after the slot's last put or erase
+  std::uint64_t cleared_ = 0;                          // clock_ after the last clear(); under every stripe
 };
 
 }  // namespace nitro

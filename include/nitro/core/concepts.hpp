@@ -10,7 +10,10 @@
 //   BatchSource        a callable returning std::optional<Batch>; empty means the epoch ended
 //   Policy             what every policy has: a name, a family, `enabled`, a nested Options aggregate
 //   AmpPolicy, AccumulationPolicy, CheckpointPolicy, ClipPolicy, EvictionPolicy, MonitorPolicy
-//                      a Policy of that family (plus the family's own pieces)
+//                      a Policy of that family plus what the code that uses it calls (TrainingLoop, Cache):
+//                      a user-written policy that passes its concept works in the loop, and one that
+//                      does not is refused with the missing piece named
+//   LossScaler         what amp::Fp16<Scaler> needs of Scaler (train/amp.hpp has the two Nitro ships)
 //   monitor::Off       the monitor policy that records nothing (here, so that the training loop
 //                      names its default without depending on monitor/; monitor::Phases is in
 //                      monitor/phases.hpp)
@@ -29,12 +32,21 @@
 namespace at {
 class Tensor;
 }
+namespace c10 {
+struct Device;
+enum class ScalarType : std::int8_t;  // c10/core/ScalarType.h
+}  // namespace c10
 namespace torch::data {
 template <typename Data, typename Target>
 struct Example;
 }
 
 namespace nitro {
+
+struct LossScaleState;  // train/amp.hpp
+namespace detail {
+class GradGroups;  // train/amp.hpp
+}  // namespace detail
 
 // ---- device tags ------------------------------------------------------------------------------------
 
@@ -167,20 +179,76 @@ concept OfFamily = requires { typename P::family; } && std::same_as<typename P::
 template <class P>
 concept Policy = NamedPolicy<P> && HasOptions<P> && Switchable<P>;
 
-/// Mixed precision (train/amp.hpp). Also says whether it scales the loss (fp16 does).
+/// What a loss scaler does for amp::Fp16 (train/amp.hpp: DynamicLossScale, StaticLossScale): scales
+/// the loss, unscales the gradients returning a found-inf flag tensor, updates itself from that flag,
+/// shows its scale as a tensor, and saves and loads its state.
+template <class S>
+concept LossScaler = HasOptions<S> && std::constructible_from<S, const typename S::Options&> &&
+                     requires(S& s, const S& cs, const at::Tensor& t, detail::GradGroups& g,
+                              const LossScaleState& st) {
+                       { s.scale(t) } -> std::same_as<at::Tensor>;
+                       { s.unscale(g) } -> std::same_as<at::Tensor>;
+                       s.update(t);
+                       { cs.scale_tensor() } -> std::convertible_to<const at::Tensor&>;
+                       { cs.state_dict() } -> std::same_as<LossScaleState>;
+                       s.load_state_dict(st);
+                     };
+
+/// The AMP policy says whether it scales the loss: `static constexpr bool scales_loss`.
 template <class P>
-concept AmpPolicy = Policy<P> && OfFamily<P, family::Amp> && requires {
+concept SaysIfScalesLoss = requires {
   { P::scales_loss } -> std::convertible_to<bool>;
+  typename std::bool_constant<static_cast<bool>(P::scales_loss)>;
+};
+/// An AMP policy that autocasts names the type it casts to: `static constexpr c10::ScalarType dtype`.
+template <class P>
+concept NamesDtypeIfEnabled = (!static_cast<bool>(P::enabled)) || requires {
+  { P::dtype } -> std::convertible_to<c10::ScalarType>;
+};
+/// An AMP policy that scales the loss names its scaler, a LossScaler made from the policy's Options:
+/// `using scaler_type = ...`.
+template <class P>
+concept HasScalerIfScaling = (!static_cast<bool>(P::scales_loss)) || requires {
+  typename P::scaler_type;
+  requires LossScaler<typename P::scaler_type>;
+  requires std::constructible_from<typename P::scaler_type, const typename P::Options&>;
+};
+/// Mixed precision (train/amp.hpp).
+template <class P>
+concept AmpPolicy = Policy<P> && OfFamily<P, family::Amp> && SaysIfScalesLoss<P> && NamesDtypeIfEnabled<P> &&
+                    HasScalerIfScaling<P>;
+
+/// The accumulation policy says how many micro-batches make one optimizer step:
+/// `static std::int64_t steps(const Options&)` (it may validate the options and throw).
+template <class P>
+concept CountsMicroBatches = requires(const typename P::Options& o) {
+  { P::steps(o) } -> std::convertible_to<std::int64_t>;
 };
 /// Gradient accumulation (train/accumulate.hpp).
 template <class P>
-concept AccumulationPolicy = Policy<P> && OfFamily<P, family::Accumulation>;
+concept AccumulationPolicy = Policy<P> && OfFamily<P, family::Accumulation> && CountsMicroBatches<P>;
+
+/// A checkpoint policy that is on says how many segments n layers are cut into:
+/// `static std::int64_t segments(std::int64_t layers, const Options&)`.
+template <class P>
+concept CutsSegmentsIfEnabled = (!static_cast<bool>(P::enabled)) || requires(std::int64_t n, const typename P::Options& o) {
+  { P::segments(n, o) } -> std::convertible_to<std::int64_t>;
+};
 /// Activation checkpointing (train/checkpoint.hpp).
 template <class P>
-concept CheckpointPolicy = Policy<P> && OfFamily<P, family::Checkpoint>;
+concept CheckpointPolicy = Policy<P> && OfFamily<P, family::Checkpoint> && CutsSegmentsIfEnabled<P>;
+
+/// A clip policy that is on validates its options and clips the gradients in place, returning the
+/// norm it measured or an undefined tensor: `static void validate(const Options&)`,
+/// `static at::Tensor apply(detail::GradGroups&, const Options&)`.
+template <class P>
+concept ClipsIfEnabled = (!static_cast<bool>(P::enabled)) || requires(detail::GradGroups& g, const typename P::Options& o) {
+  P::validate(o);
+  { P::apply(g, o) } -> std::same_as<at::Tensor>;
+};
 /// Gradient clipping (train/clip.hpp).
 template <class P>
-concept ClipPolicy = Policy<P> && OfFamily<P, family::Clip>;
+concept ClipPolicy = Policy<P> && OfFamily<P, family::Clip> && ClipsIfEnabled<P>;
 
 /// The phases of a training step a monitor times, in the order they happen.
 enum class Phase : int {
@@ -197,7 +265,8 @@ inline constexpr int phase_count = 4;
 
 /// What a monitor policy's Recorder is told by the training loop, in this order on every step:
 /// begin_step(), mark(Phase::forward), mark(Phase::backward), mark(Phase::optimizer),
-/// end_step(samples). It is made from the policy's Options and the device of the model.
+/// end_step(samples). It is made from the policy's Options and the device of the model (a concrete
+/// device: cuda:1, not cuda).
 template <class R>
 concept PhaseRecorder = requires(R& r, Phase phase, std::int64_t samples) {
   r.begin_step();
@@ -207,7 +276,7 @@ concept PhaseRecorder = requires(R& r, Phase phase, std::int64_t samples) {
 /// Monitoring (monitor/phases.hpp): a Policy of the Monitor family with a `Recorder` the loop owns.
 template <class P>
 concept MonitorPolicy = Policy<P> && OfFamily<P, family::Monitor> && requires { typename P::Recorder; } &&
-                        std::constructible_from<typename P::Recorder, const typename P::Options&, c10::DeviceType> &&
+                        std::constructible_from<typename P::Recorder, const typename P::Options&, const c10::Device&> &&
                         PhaseRecorder<typename P::Recorder>;
 
 namespace monitor {
@@ -218,7 +287,7 @@ struct Off {
   static constexpr bool enabled = false;
   struct Options {};
   struct Recorder {
-    Recorder(const Options&, c10::DeviceType) noexcept {}
+    Recorder(const Options&, const c10::Device&) noexcept {}
     void begin_step() noexcept {}
     void mark(Phase) noexcept {}
     void end_step(std::int64_t) noexcept {}

@@ -2,6 +2,7 @@
 // Device tags and moving a batch between devices.
 //
 //   nitro::Cpu, nitro::Cuda      device tags: templates such as Prefetcher<Cuda> are specialised on them
+//   nitro::concrete_device(d)    `cuda` (the current device) made concrete: `cuda:1`
 //   nitro::map_tensors(b, f)     a copy of batch b with f applied to each tensor: the one mechanism
 //                                behind to_device, pin_memory and for_each_tensor
 //   nitro::to_device(b, dev)     moves every tensor of b (non_blocking and channels_last optional)
@@ -23,12 +24,15 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace nitro {
 
@@ -52,6 +56,39 @@ struct Cuda {
 
 static_assert(DeviceTag<Cpu>);
 static_assert(DeviceTag<Cuda>);
+
+/// The concrete device `device` means when the current CUDA device is `current`: a CUDA device
+/// without an index (`cuda`, index -1) is `cuda:current`; any other device is itself. The logic of
+/// concrete_device(device), apart so it can be tested without a GPU.
+[[nodiscard]] inline c10::Device concrete_device(c10::Device device, c10::DeviceIndex current) {
+  if (device.is_cuda() && !device.has_index()) return c10::Device(c10::DeviceType::CUDA, current);
+  return device;
+}
+
+/// The concrete device `device` means now: `cuda` becomes the current CUDA device of this thread
+/// (cuda:1 after c10::cuda::set_device(1)); other devices are returned as they are. What keeps a
+/// device (the prefetcher, the phase monitor) resolves it once, so its streams, events and memory
+/// figures stay on that device whichever becomes current later.
+[[nodiscard]] inline c10::Device concrete_device(c10::Device device) {
+  if (!device.is_cuda() || device.has_index()) return device;
+  // Through c10's device guard registry, so that this header needs no CUDA header.
+  return concrete_device(device, c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index());
+}
+
+namespace detail {
+/// The CUDA device indices among `devices`, and `current` when it is >= 0: sorted, each once. The
+/// generators a search must put back (the model may sit on cuda:1 while cuda:0 is current).
+[[nodiscard]] inline std::vector<c10::DeviceIndex> cuda_indices(const std::vector<c10::Device>& devices,
+                                                                c10::DeviceIndex current) {
+  std::vector<c10::DeviceIndex> out;
+  if (current >= 0) out.push_back(current);
+  for (const auto& d : devices)
+    if (d.is_cuda() && d.has_index()) out.push_back(d.index());
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+}  // namespace detail
 
 /// Throws nitro::Error naming `what` when device D is not present.
 /// nitro::require_available<nitro::Cuda>("Prefetcher<Cuda>");

@@ -49,12 +49,14 @@ class PinnedPool {
     for (auto& b : buffers) free_[static_cast<std::size_t>(b.numel())].push_back({std::move(b), done});
   }
 
-  /// A copy of `batch` whose tensors live in pinned buffers of this pool; the buffers used are
-  /// appended to `used` (release them once the copies from them are queued and an event recorded).
+  /// A copy of `batch` whose CPU tensors live in pinned buffers of this pool, those already pinned
+  /// included (their owner may refill them while the copy from the pool's buffer is in flight); the
+  /// buffers used are appended to `used` (release them once the copies from them are queued and an
+  /// event recorded).
   template <Batch B>
   B stage(const B& batch, std::vector<at::Tensor>& used) {
     return map_tensors(batch, [&](const at::Tensor& t) -> at::Tensor {
-      if (!t.defined() || !t.device().is_cpu() || t.is_pinned()) return t;
+      if (!t.defined() || !t.device().is_cpu()) return t;
       const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
       at::Tensor buffer = acquire(bytes);
       used.push_back(buffer);

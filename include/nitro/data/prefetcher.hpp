@@ -11,9 +11,22 @@
 // Guarantees: batches arrive in claim order, each exactly once; an exception thrown by the source
 // reaches the consumer at that batch's position (and ends the epoch); at most depth + workers
 // batches exist at once besides the one the consumer holds; destroying the prefetcher stops its
-// workers (a worker inside a source call finishes that call first). Prefetcher<Cuda>: the consumer's
-// stream waits on an event for each batch's copy (no host synchronisation), and each tensor is
-// record_stream'ed on the consumer's stream so the caching allocator does not reuse it early.
+// workers (a worker inside a source call finishes that call first).
+//
+// Prefetcher<Cuda> works on one concrete GPU: Options::device (the model's, e.g. cuda:1), or the
+// device current when it is made. The consumer's stream on that GPU waits on an event for each
+// batch's copy (no host synchronisation), and each tensor is record_stream'ed on the consumer's
+// stream so the caching allocator does not reuse it early. Ordering with other streams:
+//   - work the constructing thread queued before the prefetcher was made (constants a transform
+//     captured, the model's buffers) happens before any copy or transform;
+//   - CUDA tensors a source returns are read after the work queued on the worker thread's current
+//     stream of their device when the source returned (the default stream, unless the source made
+//     another current): a source that fills them on a stream of its own makes the current stream
+//     wait for it (an event) before returning;
+//   - with pin_memory (the default) every CPU tensor, pinned or not, is copied into the prefetcher's
+//     own pinned buffers first, so a source may refill its tensors in place as soon as it has
+//     returned them; with pin_memory = false a tensor the source pinned itself is copied
+//     synchronously by the worker (it waits, the consumer does not), for the same reason.
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/config.hpp>
 #include <nitro/core/device.hpp>
@@ -38,6 +51,7 @@
 
 #if NITRO_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -59,6 +73,9 @@ struct PrefetchOptions {
   bool channels_last = false;
   /// Run on each batch on the device, on the copy stream (e.g. uint8 -> float and normalise).
   std::function<B(B)> transform{};
+  /// Prefetcher<Cuda>: the GPU batches go to (the model's, e.g. cuda:1); unset, or `cuda` without an
+  /// index: the device current when the prefetcher is made. Prefetcher<Cpu>: unset or cpu.
+  std::optional<c10::Device> device{};
 };
 
 template <DeviceTag Device, class Source>
@@ -76,11 +93,21 @@ class Prefetcher {
   Prefetcher(Source source, Options options) : source_(std::move(source)), o_(std::move(options)) {
     NITRO_CHECK(o_.depth >= 1, "nitro::Prefetcher: depth is 0; give the number of batches to make ahead, >= 1");
     NITRO_CHECK(o_.workers >= 1, "nitro::Prefetcher: workers is 0; give the number of worker threads, >= 1");
+    NITRO_CHECK(!o_.device || o_.device->type() == Device::type, "nitro::Prefetcher<", Device::name, ">: device is ",
+                o_.device.value_or(c10::Device(c10::kCPU)), ", not a ", Device::name,
+                " device; give one of that kind, or leave it unset");
     if constexpr (Device::type == c10::DeviceType::CUDA) {
       require_available<Device>("nitro::Prefetcher<Cuda>");
 #if NITRO_WITH_CUDA
-      device_ = Cuda::device();
+      device_ = concrete_device(o_.device.value_or(Cuda::device()));
+      const auto count = static_cast<int>(c10::cuda::device_count());
+      NITRO_CHECK(device_.index() < count, "nitro::Prefetcher<Cuda>: device ", device_, " does not exist (this "
+                  "process sees ", count, " GPU(s)); give an index in [0, ", count, ")");
       copy_stream_.emplace(c10::cuda::getStreamFromPool(false, device_.index()));
+      // What the constructing thread queued so far (constants a transform captured) comes first.
+      at::cuda::CUDAEvent made;
+      made.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+      made.block(*copy_stream_);
 #endif
     }
     const std::size_t workers = source_type::parallel ? o_.workers : 1;
@@ -154,6 +181,13 @@ class Prefetcher {
     std::lock_guard guard(mutex_);
     return static_cast<std::size_t>(next_task_ - next_out_);
   }
+  /// The device batches are delivered on (Prefetcher<Cuda>: a concrete GPU, e.g. cuda:1).
+  [[nodiscard]] c10::Device device() const noexcept {
+#if NITRO_WITH_CUDA
+    if constexpr (Device::type == c10::DeviceType::CUDA) return device_;
+#endif
+    return c10::Device(c10::kCPU);
+  }
 #if NITRO_WITH_CUDA
   [[nodiscard]] const PinnedPool& pinned_pool() const noexcept { return pool_; }
   /// Prefetcher<Cuda>: the stream the copies (and the transform) run on.
@@ -210,10 +244,25 @@ class Prefetcher {
   void make(Item& item, batch_type&& batch) {
     if constexpr (Device::type == c10::DeviceType::CUDA) {
 #if NITRO_WITH_CUDA
+      // CUDA tensors of the source: the copy stream waits for what the worker's current stream of
+      // their device had queued (the source's kernels), and the allocator for the copy stream's reads.
+      bool source_pinned = false;
+      for_each_tensor(batch, [&](const at::Tensor& t) {
+        if (!t.defined()) return;
+        source_pinned = source_pinned || (t.device().is_cpu() && t.is_pinned());
+        if (!t.is_cuda()) return;
+        at::cuda::CUDAEvent produced;
+        produced.record(c10::cuda::getCurrentCUDAStream(t.device().index()));
+        produced.block(*copy_stream_);
+        t.record_stream(*copy_stream_);
+      });
       std::vector<at::Tensor> used;
       batch_type host = o_.pin_memory ? pool_.stage(batch, used) : std::move(batch);
       c10::cuda::CUDAStreamGuard on_copy_stream(*copy_stream_);
-      batch_type on_device = to_device(host, device_, {.non_blocking = o_.non_blocking, .channels_last = o_.channels_last});
+      // Without the pool, memory the source pinned itself is copied synchronously: the source may
+      // refill it once this returns.
+      const bool async = o_.non_blocking && (o_.pin_memory || !source_pinned);
+      batch_type on_device = to_device(host, device_, {.non_blocking = async, .channels_last = o_.channels_last});
       if (o_.transform) on_device = o_.transform(std::move(on_device));
       item.copied = std::make_shared<at::cuda::CUDAEvent>();
       item.copied->record(*copy_stream_);

@@ -9,11 +9,20 @@
 //        .model = model.ptr().get(), .optimizer = &optimizer});
 //   std::printf("batch %lld (%d sizes tried)\n", (long long)found.batch_size, found.trials);
 //
-// A trial runs the callable `trials_per_size` times at one size; it fails when it throws
-// c10::OutOfMemoryError (the CUDA caching allocator's, or the CPU budget of ScopedCpuTracking).
-// Between trials the finder puts back the model's parameters, buffers and gradients, the optimizer's
-// state and options and the CPU and CUDA random generators, bit for bit (StateBackup: host copies,
-// put back in place), and empties the CUDA cache.
+// A trial runs the callable `trials_per_size` times at one size; it fails when it runs out of memory
+// in any form (memory/oom.hpp: the caching allocator's c10::OutOfMemoryError, cuBLAS's and cuDNN's
+// allocation failures, "CUDA error: out of memory", the CPU budget of ScopedCpuTracking); any other
+// error reaches the caller. Between trials the finder puts back the model's parameters, buffers and
+// gradients, the optimizer's state and options and the random generators of the CPU and of every GPU
+// the model is on (and the current one), bit for bit (StateBackup: host copies, put back in place),
+// and empties the CUDA cache. Given the TrainingLoop, it also puts back the loop (its counters, its
+// accumulation window, its loss scale, its split, its monitor's figures): the first real step after
+// the search is the step it would have been without it.
+//
+//   auto found = nitro::memory::find_max_batch_size(loop, [&](std::int64_t b) { loop.step(make_batch(b), loss_fn); },
+//                                                   {.max = 4096});
+//
+// With cuDNN autotuning on, read memory/oom.hpp on the algorithms picked near the limit.
 //
 // Modes:
 //   power      doubles from min (min, 2 min, 4 min, ..., then max) until a size fails; returns the
@@ -23,8 +32,10 @@
 //              1 + ceil(log2(max - min + 1)) trials; doubling first and then bisecting would take up to
 //              twice as many, each a full step at a large batch.
 // The answer is then reduced by `margin` (a fraction kept free for fragmentation and longer inputs).
+#include <nitro/core/device.hpp>
 #include <nitro/core/error.hpp>
 #include <nitro/memory/monitor.hpp>
+#include <nitro/memory/oom.hpp>
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
@@ -58,6 +69,7 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 namespace nitro::memory {
@@ -137,11 +149,28 @@ class StateBackup {
     }
 #if NITRO_WITH_CUDA
     if (at::cuda::is_available()) {
-      auto gen = at::cuda::detail::getDefaultCUDAGenerator();
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      cuda_rng_ = gen.get_state();
+      // Every GPU the model is on, and the current one: the trials draw from all of them.
+      for (const auto index : ::nitro::detail::cuda_indices(devices(), c10::cuda::current_device())) {
+        auto gen = at::cuda::detail::getDefaultCUDAGenerator(index);
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        cuda_rng_.emplace_back(index, gen.get_state());
+      }
     }
 #endif
+  }
+
+  /// The devices of the model's parameters and buffers and of the optimizer's parameters, each once.
+  std::vector<c10::Device> devices() const {
+    std::vector<c10::Device> out;
+    const auto add = [&](const at::Tensor& t) {
+      if (t.defined() && std::find(out.begin(), out.end(), t.device()) == out.end()) out.push_back(t.device());
+    };
+    for (const auto& e : params_) add(e.live);
+    for (const auto& e : buffers_) add(e.live);
+    if (optimizer_ != nullptr)
+      for (auto& group : optimizer_->param_groups())
+        for (const auto& p : group.params()) add(p);
+    return out;
   }
 
   /// Puts everything back as it was when the backup was made.
@@ -162,10 +191,10 @@ class StateBackup {
       impl->set_next_double_normal_sample(cpu_rng_.next_double);
     }
 #if NITRO_WITH_CUDA
-    if (cuda_rng_.defined()) {
-      auto gen = at::cuda::detail::getDefaultCUDAGenerator();
+    for (const auto& [index, state] : cuda_rng_) {
+      auto gen = at::cuda::detail::getDefaultCUDAGenerator(index);
       std::lock_guard<std::mutex> lock(gen.mutex());
-      gen.set_state(cuda_rng_);
+      gen.set_state(state);
     }
 #endif
   }
@@ -264,7 +293,7 @@ class StateBackup {
   std::vector<SavedParamState> states_;
   std::optional<std::string> serialized_;
   CpuRng cpu_rng_;
-  at::Tensor cuda_rng_;
+  std::vector<std::pair<c10::DeviceIndex, at::Tensor>> cuda_rng_;
 };
 
 /// How find_max_batch_size searches.
@@ -315,14 +344,11 @@ inline void release_cached_memory() {
 }
 }  // namespace detail
 
-/// The largest batch size in [min, max] for which `trial(batch_size)` does not run out of memory.
-/// `trial` is callable with a std::int64_t; it should run what training runs (forward, backward and
-/// an optimizer step). Exceptions other than out-of-memory reach the caller (after the state is put
-/// back). Throws nitro::Error when an option is invalid or min already runs out of memory.
-template <class Trial>
-BatchSizeResult find_max_batch_size(Trial&& trial, const BatchSizeOptions& o) {
-  static_assert(std::is_invocable_v<Trial&, std::int64_t>,
-                "find_max_batch_size(trial, options): trial must be callable as trial(std::int64_t batch_size)");
+namespace detail {
+
+// The search; `restore_more()` runs after every trial, after the StateBackup.
+template <class Trial, class RestoreMore>
+BatchSizeResult search_batch_size(Trial& trial, const BatchSizeOptions& o, RestoreMore&& restore_more) {
   NITRO_CHECK(o.min >= 1, "find_max_batch_size: min must be >= 1, got ", o.min);
   NITRO_CHECK(o.max >= o.min, "find_max_batch_size: max (", o.max, ") must be >= min (", o.min, ")");
   NITRO_CHECK(o.margin >= 0.0 && o.margin < 1.0, "find_max_batch_size: margin must be in [0, 1) (a fraction), got ",
@@ -334,6 +360,10 @@ BatchSizeResult find_max_batch_size(Trial&& trial, const BatchSizeOptions& o) {
   BatchSizeResult result;
   StateBackup backup(o.model, o.optimizer);
   std::string first_error;
+  const auto put_back = [&] {
+    backup.restore();
+    restore_more();
+  };
 
   // Runs one size; true when it fit.
   const auto fits = [&](std::int64_t size) {
@@ -344,15 +374,19 @@ BatchSizeResult find_max_batch_size(Trial&& trial, const BatchSizeOptions& o) {
         ++result.calls;
         trial(size);
       }
-    } catch (const c10::OutOfMemoryError& e) {
+    } catch (const std::exception& e) {
+      if (!is_out_of_memory(e)) {  // a shape error, a bug: the caller's, after the state is put back
+        put_back();
+        throw;
+      }
       fit = false;
-      if (first_error.empty()) first_error = e.what_without_backtrace();
+      if (first_error.empty()) first_error = error_message(e);
     } catch (...) {
-      backup.restore();
+      put_back();
       throw;
     }
-    backup.restore();
-    detail::release_cached_memory();
+    put_back();
+    release_cached_memory();
     ++result.trials;
     result.history.push_back({size, fit, std::chrono::duration<double>(Clock::now() - t0).count()});
     if (fit) {
@@ -364,9 +398,13 @@ BatchSizeResult find_max_batch_size(Trial&& trial, const BatchSizeOptions& o) {
   };
 
   if (!fits(o.min)) {
+    // The memory of the model's GPU, not of whichever is current.
+    std::optional<int> gpu;
+    for (const auto& d : backup.devices())
+      if (d.is_cuda() && !gpu) gpu = d.index();
     const auto first_line = first_error.substr(0, first_error.find('\n'));
     ::nitro::detail::fail("find_max_batch_size: the smallest batch size, min = ", o.min,
-                 ", already runs out of memory (", first_line, "); memory now: ", to_string(snapshot()),
+                 ", already runs out of memory (", first_line, "); memory now: ", to_string(snapshot(gpu)),
                  ". Lower min, free memory held elsewhere, or make a step need less (checkpoint::Sqrt, bf16)");
   }
   if (o.mode == SearchMode::power) {
@@ -387,6 +425,51 @@ BatchSizeResult find_max_batch_size(Trial&& trial, const BatchSizeOptions& o) {
   result.batch_size = std::max(o.min, reduced);
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return result;
+}
+
+}  // namespace detail
+
+/// The largest batch size in [min, max] for which `trial(batch_size)` does not run out of memory.
+/// `trial` is callable with a std::int64_t; it should run what training runs (forward, backward and
+/// an optimizer step). Exceptions other than out-of-memory reach the caller (after the state is put
+/// back). Throws nitro::Error when an option is invalid or min already runs out of memory.
+/// With a TrainingLoop, use the overload that takes it: this one does not know the loop's state.
+template <class Trial>
+BatchSizeResult find_max_batch_size(Trial&& trial, const BatchSizeOptions& o) {
+  static_assert(std::is_invocable_v<Trial&, std::int64_t>,
+                "find_max_batch_size(trial, options): trial must be callable as trial(std::int64_t batch_size)");
+  return detail::search_batch_size(trial, o, [] {});
+}
+
+/// What find_max_batch_size(loop, ...) needs of the loop: its model and optimizer, and its own
+/// state to save and put back (nitro::TrainingLoop).
+template <class L>
+concept RestorableLoop = requires(L& loop) {
+  { loop.model() } -> std::convertible_to<torch::nn::Module&>;
+  { loop.optimizer() } -> std::convertible_to<torch::optim::Optimizer&>;
+  loop.load_state(loop.state());
+};
+
+/// The same search around a TrainingLoop: the options' model and optimizer default to the loop's, and
+/// after every trial the loop's own state is put back too (and its monitor's figures, so trial steps
+/// count nowhere).
+///   auto found = find_max_batch_size(loop, [&](std::int64_t b) { loop.step(batch_of(b), loss_fn); }, {.max = 1024});
+template <RestorableLoop Loop, class Trial>
+BatchSizeResult find_max_batch_size(Loop& loop, Trial&& trial, BatchSizeOptions o) {
+  static_assert(std::is_invocable_v<Trial&, std::int64_t>,
+                "find_max_batch_size(loop, trial, options): trial must be callable as trial(std::int64_t batch_size)");
+  if (o.model == nullptr) o.model = &loop.model();
+  if (o.optimizer == nullptr) o.optimizer = &loop.optimizer();
+  const auto saved = loop.state();
+  if constexpr (requires { loop.monitor().load_state(loop.monitor().state()); }) {
+    const auto monitor = loop.monitor().state();
+    return detail::search_batch_size(trial, o, [&] {
+      loop.load_state(saved);
+      loop.monitor().load_state(monitor);
+    });
+  } else {
+    return detail::search_batch_size(trial, o, [&] { loop.load_state(saved); });
+  }
 }
 
 }  // namespace nitro::memory

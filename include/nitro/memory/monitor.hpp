@@ -7,7 +7,8 @@
 //
 //   nitro::memory::cpu_memory()    process RSS and its high-water mark, the machine's available and total
 //   nitro::memory::cuda_memory()   the CUDA caching allocator's figures for a device, and the device's free/total
-//   nitro::memory::snapshot()      both at once
+//   nitro::memory::snapshot()      both at once (the GPU: the current one, or the one named; a model on
+//                                  cuda:1 passes 1)
 //   nitro::memory::reset_peaks()   restarts the CPU high-water mark and the CUDA peaks from what is in use now
 //   nitro::memory::PeakScope       records the start, resets the peaks, reports what the region peaked at
 //
@@ -260,12 +261,12 @@ inline bool reset_cpu_peak() noexcept {
   return {cpu_memory(), cuda_memory(cuda_device.value_or(-1))};
 }
 
-/// Restarts the peaks from what is in use now: CUDA's peak allocated and reserved bytes of the current
-/// device (resetPeakStats) and the process's VmHWM (silently kept where /proc/self/clear_refs cannot be
-/// written, as in some containers). Both are process-wide.
-inline void reset_peaks() {
+/// Restarts the peaks from what is in use now: CUDA's peak allocated and reserved bytes of CUDA device
+/// `cuda_device` (default: the current one; resetPeakStats) and the process's VmHWM (silently kept
+/// where /proc/self/clear_refs cannot be written, as in some containers). Both are process-wide.
+inline void reset_peaks([[maybe_unused]] std::optional<int> cuda_device = std::nullopt) {
 #if NITRO_WITH_CUDA
-  if (Cuda::available()) c10::cuda::CUDACachingAllocator::resetPeakStats(c10::cuda::current_device());
+  if (Cuda::available()) c10::cuda::CUDACachingAllocator::resetPeakStats(detail::cuda_index(cuda_device.value_or(-1)));
 #endif
   (void)detail::reset_cpu_peak();
 }

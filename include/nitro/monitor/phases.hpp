@@ -19,10 +19,11 @@
 // next() and anything else the caller does between steps. Samples are the rows of the batch (the
 // size of dimension 0 of its first tensor).
 #include <nitro/core/concepts.hpp>
+#include <nitro/core/device.hpp>
 #include <nitro/core/error.hpp>
 #include <nitro/memory/monitor.hpp>
 
-#include <c10/core/DeviceType.h>
+#include <c10/core/Device.h>
 
 #include <array>
 #include <chrono>
@@ -33,6 +34,7 @@
 
 #if NITRO_WITH_CUDA
 #include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace nitro::monitor {
@@ -86,15 +88,17 @@ class Recorder {
  public:
   using Options = PhasesOptions;
 
-  explicit Recorder(const Options& options = Options{}, c10::DeviceType device = c10::DeviceType::CPU)
-      : o_(options), device_(device) {
+  /// `device` is where the model is; a CUDA device without an index means the current one, resolved
+  /// now (events and memory figures are then always of that device, whatever is current later).
+  explicit Recorder(const Options& options = Options{}, const c10::Device& device = c10::Device(c10::kCPU))
+      : o_(options), device_(concrete_device(device)) {
     NITRO_CHECK(o_.window >= 1, "monitor::Phases: window must be >= 1 (steps kept for percentiles), got ",
                 o_.window);
     NITRO_CHECK(o_.warmup_steps >= 0, "monitor::Phases: warmup_steps must be >= 0, got ", o_.warmup_steps);
     NITRO_CHECK(o_.memory_every >= 0, "monitor::Phases: memory_every must be >= 0 (0: never), got ", o_.memory_every);
     ring_.resize(static_cast<std::size_t>(o_.window));
 #if NITRO_WITH_CUDA
-    events_ = o_.device_timing && device_ == c10::DeviceType::CUDA;
+    events_ = o_.device_timing && device_.is_cuda();
     if (events_) pool_.resize(kPending);
 #endif
   }
@@ -152,9 +156,9 @@ class Recorder {
     while (pending_count_ > 0) resolve_oldest(/*wait=*/true);
 #endif
   }
-  /// Reads memory now and folds it into the peaks.
+  /// Reads memory now (the CPU's, and the model's GPU's) and folds it into the peaks.
   memory::MemorySnapshot read_memory() {
-    auto snap = memory::snapshot();
+    auto snap = memory::snapshot(device_.is_cuda() ? std::optional<int>(device_.index()) : std::nullopt);
     ++totals_.memory_readings;
     totals_.peak_cpu_resident_bytes = std::max(totals_.peak_cpu_resident_bytes, snap.cpu.resident_bytes);
     if (snap.cuda) totals_.peak_cuda_allocated_bytes = std::max(totals_.peak_cuda_allocated_bytes, snap.cuda->peak_allocated_bytes);
@@ -169,8 +173,36 @@ class Recorder {
     ended_ = false;
   }
 
+  /// What the recorder has counted, to put back later (memory::find_max_batch_size keeps its trial
+  /// steps out of the figures this way). Reading it resolves pending GPU steps first.
+  struct State {
+    std::vector<StepRecord> ring;
+    std::size_t head = 0;
+    Totals totals;
+    std::int64_t next_step = 0;
+    bool ended = false;
+    std::chrono::steady_clock::time_point end{};
+  };
+  State state() {
+    resolve();
+    return {ring_, head_, totals_, next_step_, ended_, end_};
+  }
+  void load_state(State s) {
+    NITRO_CHECK(s.ring.size() == ring_.size(), "monitor::Recorder::load_state: the state keeps ", s.ring.size(),
+                " steps but this recorder keeps ", ring_.size(), " (its window option)");
+    resolve();
+    ring_ = std::move(s.ring);
+    head_ = s.head;
+    totals_ = s.totals;
+    next_step_ = s.next_step;
+    ended_ = s.ended;
+    end_ = s.end;
+  }
+
   const Options& options() const noexcept { return o_; }
-  c10::DeviceType device_type() const noexcept { return device_; }
+  c10::DeviceType device_type() const noexcept { return device_.type(); }
+  /// The device whose events and memory the recorder reads (a concrete index on a GPU).
+  c10::Device device() const noexcept { return device_; }
   /// Whether forward/backward/optimizer are device times (CUDA events).
   bool device_timed() const noexcept {
 #if NITRO_WITH_CUDA
@@ -221,8 +253,11 @@ class Recorder {
     current_.device_idle = last_recorded_ != nullptr && last_recorded_->query();
     auto& p = pool_[(pending_first_ + pending_count_) % kPending];
     p.marks = 0;
-    p.events[0].record();
+    p.events[0].record(stream());
   }
+  // The stream the model's work goes to: the current stream of the model's device (not of the
+  // current device, which may be another).
+  c10::cuda::CUDAStream stream() const { return c10::cuda::getCurrentCUDAStream(device_.index()); }
   void mark_event(Phase phase) {
     auto& p = pool_[(pending_first_ + pending_count_) % kPending];
     if (p.marks < kMarks) {
@@ -231,7 +266,7 @@ class Recorder {
     } else {
       p.phases[kMarks - 1] = phase;  // merged into the last event
     }
-    p.events[static_cast<std::size_t>(p.marks)].record();
+    p.events[static_cast<std::size_t>(p.marks)].record(stream());
   }
   void end_events() {
     auto& p = pool_[(pending_first_ + pending_count_) % kPending];
@@ -265,7 +300,7 @@ class Recorder {
 #endif
 
   Options o_;
-  c10::DeviceType device_;
+  c10::Device device_;
   std::vector<StepRecord> ring_;
   std::size_t head_ = 0;
   Totals totals_;

@@ -7,12 +7,18 @@
 //   accumulate::Dynamic     N chosen at run time: Options{.steps = N}, or for_batch(effective, micro);
 //                           TrainingLoop::set_accumulation_steps changes it between steps.
 //   accumulate::Adaptive    every step() is one optimizer step over the batch it is given; when the
-//                           forward or backward runs out of memory (c10::OutOfMemoryError), the loop
-//                           drops the partial gradients, splits the batch in two parts (then four...)
-//                           and accumulates over them: the same update (losses weighted by part size),
-//                           less activation memory. The split is kept for later steps and reported
-//                           (TrainingLoop::split(), Options::on_split). For batches whose size you do not
-//                           know fits: after a model change, on a shared GPU, with variable-size inputs.
+//                           forward or backward runs out of memory (in any form memory/oom.hpp knows:
+//                           the allocator's, cuBLAS's, cuDNN's), the loop drops the partial gradients,
+//                           splits the batch in two parts (then four...) and accumulates over them:
+//                           the same update (losses weighted by part size), less activation memory. The
+//                           split is kept for later steps and reported (TrainingLoop::split(),
+//                           Options::on_split). For batches whose size you do not know fits: after a
+//                           model change, on a shared GPU, with variable-size inputs.
+//                           Covered: the forward and the backward (activations). Not covered: the
+//                           optimizer step (splitting the batch does not shrink the optimizer's
+//                           memory): an out-of-memory there, typically Adam making its state on the
+//                           first step, reaches the caller with the step's gradients dropped and the
+//                           loop ready for the next batch, as for any failed optimizer step.
 //
 // Unscaling (fp16) and clipping happen once per optimizer step. TrainingLoop::flush() steps on a
 // partial window at the end of an epoch, rescaled so it is the mean over the micro-batches it had.
@@ -75,7 +81,7 @@ struct Adaptive {
   using family = nitro::family::Accumulation;
   static constexpr std::string_view name = "adaptive";
   static constexpr bool enabled = true;
-  /// The loop splits its batch on c10::OutOfMemoryError (the trait the loop checks).
+  /// The loop splits its batch when memory runs out (the trait the loop checks).
   static constexpr bool splits_on_oom = true;
 
   /// What the loop reports when it splits.

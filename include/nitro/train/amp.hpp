@@ -19,7 +19,10 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_amp_update_scale.h>
+#include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
@@ -100,6 +103,11 @@ class GradGroups {
       if (!g.grads.empty()) return false;
     return true;
   }
+  /// Drops the references to the gradients (keeping the storage of the lists): once the optimizer
+  /// has stepped and the gradients are set to none, nothing here may keep them allocated.
+  void release() noexcept {
+    for (auto& g : groups_) g.grads.clear();
+  }
 
  private:
   Group& find(c10::Device device, c10::ScalarType dtype) {
@@ -135,6 +143,19 @@ inline at::Tensor unscale_by(const at::Tensor& scale, GradGroups& grads) {
   auto found_inf = at::zeros({}, scale.options());
   unscale_grads(grads, inv_scale, found_inf);
   return found_inf;
+}
+
+/// found_inf without touching the gradients: a float32 scalar on `device`, 1 when a gradient holds
+/// inf or NaN. One read pass (fused L1 norms in float32, per device and dtype), no write. A total
+/// absolute sum past float32's range (3.4e38) also counts as non-finite.
+inline at::Tensor nonfinite_flag(GradGroups& groups, c10::Device device) {
+  at::Tensor total;
+  groups.for_each([&](GradGroups::Group& g) {
+    auto sum = at::stack(at::_foreach_norm(g.grads, 1, at::kFloat)).sum().to(device, /*non_blocking=*/true);
+    total = total.defined() ? total.add(sum) : sum;
+  });
+  if (!total.defined()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
+  return at::isfinite(total).logical_not().to(at::kFloat);
 }
 
 }  // namespace detail
@@ -247,16 +268,6 @@ class StaticLossScale {
   at::Tensor scale_;
 };
 
-/// A loss scaler: scales the loss, unscales gradients reporting inf/NaN, updates itself, saves state.
-template <class S>
-concept LossScaler = std::constructible_from<S, typename S::Options> &&
-                     requires(S& s, const at::Tensor& t, detail::GradGroups& g, const LossScaleState& st) {
-                       { s.scale(t) } -> std::same_as<at::Tensor>;
-                       { s.unscale(g) } -> std::same_as<at::Tensor>;
-                       s.update(t);
-                       { s.state_dict() } -> std::same_as<LossScaleState>;
-                       s.load_state_dict(st);
-                     };
 static_assert(LossScaler<DynamicLossScale> && LossScaler<StaticLossScale>);
 
 namespace amp {

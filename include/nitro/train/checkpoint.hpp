@@ -4,15 +4,36 @@
 //
 //   checkpoint::run(fn, inputs...)    checkpoints one call of fn (tensors in, a tensor or a
 //                                     vector of tensors out); usable inside any forward.
+//   checkpoint::sequential(layers, segments, x)
+//                                     runs layers (a torch::nn::Sequential, or a std::vector of
+//                                     module holders) as `segments` pieces, all but the last
+//                                     checkpointed (torch.utils.checkpoint.checkpoint_sequential).
+//   checkpoint::sequential(layers, x) and checkpoint::block(fn, inputs...)
+//                                     the same, but only when the TrainingLoop running this forward
+//                                     has a checkpoint policy on (with its number of segments); plain
+//                                     calls otherwise (evaluation, checkpoint::Off). How a custom
+//                                     module (not a Sequential) gets level::Ultra's memory savings.
 //   checkpoint::Off                   keep every activation. The baseline.
-//   checkpoint::Segments<S>           TrainingLoop runs a torch::nn::Sequential as S segments, all
-//                                     but the last recomputed (torch.utils.checkpoint.checkpoint_sequential).
+//   checkpoint::Segments<S>           S segments, all but the last recomputed.
 //   checkpoint::Sqrt                  ceil(sqrt(n)) segments for n layers: O(sqrt(n)) activation
 //                                     memory for one extra forward (Chen et al. 2016).
+//
+// Where the policy applies: with a torch::nn::Sequential model and a loss function that takes the
+// forward, `[&](auto& forward, auto& b) { return loss(forward(b.data), b.target); }`, the loop runs
+// the Sequential under the policy. Any other model applies it in its own forward with
+// checkpoint::sequential(blocks_, x) or checkpoint::block(fn, x). A step in which nothing was
+// checkpointed although the policy is on (a Sequential called directly by a one-argument loss
+// function, a custom model that never calls the two) throws nitro::Error before its backward:
+// memory savings are never lost silently.
 //
 // The recomputation replays the forward exactly: it restores the CPU RNG state, the RNG state of
 // every CUDA device the inputs live on, and the autocast state of the forward, so dropout masks and
 // autocast casts are the same and the gradients equal those without checkpointing.
+//
+// Lifetime: `fn` is kept (moved or copied) until the backward pass has recomputed it. Capture by
+// value what it reads ([=], [this], [this, scale]; `mutable` when it calls a module holder captured
+// by value, whose forward is not const); a [&] capture of the enclosing forward's locals dangles by
+// the time backward runs. Modules it calls must outlive the backward (members do).
 #include <nitro/core/compat_autocast.hpp>
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/config.hpp>
@@ -21,6 +42,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -29,7 +51,9 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -98,6 +122,33 @@ struct AutocastState {
   c10::ScalarType cuda_dtype = compat::autocast_dtype(c10::DeviceType::CUDA);
 };
 
+/// The checkpoint policy of the TrainingLoop whose forward runs on this thread, as the model's own
+/// forward sees it (checkpoint::sequential(layers, x), checkpoint::block). Set by the loop for the
+/// duration of its loss function; null everywhere else.
+struct CheckpointContext {
+  /// The policy's segments(layers, options).
+  std::int64_t (*segments)(std::int64_t layers, const void* options) = nullptr;
+  const void* options = nullptr;
+  /// checkpoint::run calls since the context was set: the loop checks that the policy acted.
+  std::int64_t checkpointed = 0;
+};
+inline thread_local CheckpointContext* checkpoint_context = nullptr;
+
+/// Sets this thread's checkpoint context for a scope (null: none, as inside a checkpointed function,
+/// where a nested block must run plainly so the recomputation does what the forward did).
+class CheckpointContextScope {
+ public:
+  explicit CheckpointContextScope(CheckpointContext* context) noexcept : previous_(checkpoint_context) {
+    checkpoint_context = context;
+  }
+  CheckpointContextScope(const CheckpointContextScope&) = delete;
+  CheckpointContextScope& operator=(const CheckpointContextScope&) = delete;
+  ~CheckpointContextScope() { checkpoint_context = previous_; }
+
+ private:
+  CheckpointContext* previous_;
+};
+
 struct CheckpointState : torch::CustomClassHolder {
   TensorFn fn;
   RngState rng;
@@ -110,7 +161,11 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
                                                 c10::intrusive_ptr<CheckpointState> state, at::TensorList inputs) {
     std::vector<at::Tensor> args(inputs.begin(), inputs.end());
     state->rng = RngState::capture(args);
-    auto outputs = state->fn(args);
+    std::vector<at::Tensor> outputs;
+    {
+      CheckpointContextScope plain(nullptr);
+      outputs = state->fn(args);
+    }
     ctx->save_for_backward(args);
     ctx->saved_data["state"] = c10::IValue::make_capsule(std::move(state));
     return outputs;
@@ -132,6 +187,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       AutocastGuard cpu{c10::DeviceType::CPU, state->autocast.cpu_dtype, state->autocast.cpu_enabled};
       AutocastGuard cuda{c10::DeviceType::CUDA, state->autocast.cuda_dtype, state->autocast.cuda_enabled};
       at::AutoGradMode grad(true);
+      CheckpointContextScope plain(nullptr);
       outputs = state->fn(inputs);
       now.restore();
     }
@@ -159,8 +215,9 @@ namespace checkpoint {
 /// Runs `fn(inputs...)` without keeping its activations and recomputes it in the backward pass,
 /// with the same RNG and autocast state. `fn` takes the tensors and returns a tensor or a
 /// std::vector of tensors; checkpoint returns the same. Gradients reach the parameters fn uses even
-/// when no input requires grad.
-///   auto h = nitro::checkpoint::run([&](const at::Tensor& x) { return block->forward(x); }, x);
+/// when no input requires grad, and inputs may be of any dtype (int64 token ids included). `fn` is
+/// kept until the backward pass: capture by value (see the banner).
+///   auto h = nitro::checkpoint::run([this](const at::Tensor& x) { return block->forward(x); }, x);
 template <class Fn, class... Tensors>
 auto run(Fn&& fn, const Tensors&... inputs) {
   static_assert((std::is_convertible_v<const Tensors&, const at::Tensor&> && ...),
@@ -179,10 +236,17 @@ auto run(Fn&& fn, const Tensors&... inputs) {
   };
   std::vector<at::Tensor> args{inputs...};
   // With no input requiring grad, autograd would never call backward and the parameters inside fn
-  // would get no gradient: an empty tensor that requires grad keeps the node in the graph.
+  // would get no gradient: an empty float tensor that requires grad keeps the node in the graph
+  // (float whatever the inputs are: an integer tensor cannot require grad).
   bool any = false;
-  for (const auto& t : args) any = any || (t.defined() && t.requires_grad());
-  if (!any && at::GradMode::is_enabled()) args.push_back(at::empty({0}, args.empty() ? at::TensorOptions{} : args.front().options()).requires_grad_());
+  std::optional<c10::Device> device;
+  for (const auto& t : args) {
+    if (t.defined() && !device) device = t.device();
+    any = any || (t.defined() && t.requires_grad());
+  }
+  if (!any && at::GradMode::is_enabled())
+    args.push_back(at::empty({0}, at::TensorOptions().dtype(at::kFloat).device(device.value_or(c10::kCPU))).requires_grad_());
+  if (auto* context = nitro::detail::checkpoint_context) ++context->checkpointed;
   auto outputs = nitro::detail::CheckpointFunction::apply(state, at::TensorList(args));
   if constexpr (std::is_same_v<Result, at::Tensor>) {
     return outputs.at(0);
@@ -228,16 +292,46 @@ static_assert(CheckpointPolicy<Off> && CheckpointPolicy<Segments<4>> && Checkpoi
 }  // namespace checkpoint
 namespace detail {
 
-/// Runs modules [begin, end) of a Sequential in order.
-inline at::Tensor run_range(torch::nn::SequentialImpl& seq, std::size_t begin, std::size_t end, at::Tensor x) {
-  auto it = seq.begin() + static_cast<std::ptrdiff_t>(begin);
-  for (std::size_t i = begin; i < end; ++i, ++it) x = it->forward(x);
+/// The layers of a torch::nn::Sequential holder, or the range itself.
+template <class Layers>
+decltype(auto) layer_range(Layers& layers) {
+  if constexpr (std::is_same_v<std::remove_cv_t<Layers>, torch::nn::Sequential>) {
+    return (*layers);
+  } else {
+    return (layers);
+  }
+}
+/// One layer's forward: an element of a Sequential (AnyModule), or a module holder / pointer.
+template <class Layer>
+at::Tensor call_layer(Layer& layer, const at::Tensor& x) {
+  if constexpr (requires { layer.forward(x); }) {
+    return layer.forward(x);
+  } else {
+    return layer->forward(x);
+  }
+}
+/// Runs layers [begin, end) in order.
+template <class Range>
+at::Tensor run_range(Range& layers, std::size_t begin, std::size_t end, at::Tensor x) {
+  auto it = std::next(std::begin(layers), static_cast<std::ptrdiff_t>(begin));
+  for (std::size_t i = begin; i < end; ++i, ++it) x = call_layer(*it, x);
   return x;
 }
 
-/// Runs a Sequential as `segments` pieces, checkpointing all but the last (checkpoint_sequential).
-inline at::Tensor run_segments(torch::nn::SequentialImpl& seq, std::int64_t segments, const at::Tensor& input) {
-  const auto n = seq.size();
+}  // namespace detail
+
+namespace checkpoint {
+
+/// Runs `layers` (a torch::nn::Sequential, or a range of module holders such as
+/// std::vector<torch::nn::Linear>, each called as layer->forward(x)) as `segments` pieces of equal
+/// length, checkpointing all but the last: torch.utils.checkpoint.checkpoint_sequential. The layers
+/// must outlive the backward pass (keep them as members).
+///   x = nitro::checkpoint::sequential(blocks_, 4, x);
+template <class Layers>
+at::Tensor sequential(Layers& layers, std::int64_t segments, const at::Tensor& input) {
+  NITRO_CHECK(segments >= 1, "checkpoint::sequential: segments must be >= 1, got ", segments);
+  auto& range = nitro::detail::layer_range(layers);
+  const auto n = static_cast<std::size_t>(std::distance(std::begin(range), std::end(range)));
   if (n == 0) return input;
   const auto s = static_cast<std::size_t>(std::min<std::int64_t>(segments, static_cast<std::int64_t>(n)));
   const auto per = (n + s - 1) / s;
@@ -245,12 +339,37 @@ inline at::Tensor run_segments(torch::nn::SequentialImpl& seq, std::int64_t segm
   std::size_t begin = 0;
   while (begin + per < n) {
     const auto end = begin + per;
-    x = checkpoint::run([&seq, begin, end](const at::Tensor& in) { return run_range(seq, begin, end, in); }, x);
+    x = run([&range, begin, end](const at::Tensor& in) { return nitro::detail::run_range(range, begin, end, in); }, x);
     begin = end;
   }
-  return run_range(seq, begin, n, x);
+  return nitro::detail::run_range(range, begin, n, x);
 }
 
-}  // namespace detail
+/// Whether the TrainingLoop running this forward on this thread has a checkpoint policy on.
+inline bool active() noexcept { return nitro::detail::checkpoint_context != nullptr; }
+
+/// `layers` cut into as many segments as the running TrainingLoop's checkpoint policy asks for
+/// (checkpoint::Sqrt: ceil(sqrt(n))), or all of them run plainly when no loop checkpoints (evaluation,
+/// checkpoint::Off): what a custom module's forward calls to take part in level::Ultra.
+///   at::Tensor forward(at::Tensor x) { return head->forward(nitro::checkpoint::sequential(blocks_, stem->forward(x))); }
+template <class Layers>
+at::Tensor sequential(Layers& layers, const at::Tensor& input) {
+  auto* context = nitro::detail::checkpoint_context;
+  auto& range = nitro::detail::layer_range(layers);
+  const auto n = static_cast<std::int64_t>(std::distance(std::begin(range), std::end(range)));
+  if (context == nullptr) return nitro::detail::run_range(range, 0, static_cast<std::size_t>(n), input);
+  return sequential(layers, context->segments(n, context->options), input);
+}
+
+/// `fn(inputs...)` checkpointed (as run) when the running TrainingLoop has a checkpoint policy on,
+/// a plain call otherwise. Capture by value (see the banner).
+///   x = nitro::checkpoint::block([this](const at::Tensor& x) { return features(x); }, x);
+template <class Fn, class... Tensors>
+auto block(Fn&& fn, const Tensors&... inputs) {
+  if (!active()) return std::invoke(fn, inputs...);
+  return run(std::forward<Fn>(fn), inputs...);
+}
+
+}  // namespace checkpoint
 
 }  // namespace nitro

@@ -36,9 +36,9 @@ using Ultra = TrainingLoop<amp::Bf16, accumulate::Dynamic, checkpoint::Sqrt, cli
 namespace detail {
 template <class Loop, class... More>
 struct with_policies;
-template <class A, class B, class C, class... Extras, class... More>
-struct with_policies<TrainingLoop<A, B, C, Extras...>, More...> {
-  using type = TrainingLoop<A, B, C, Extras..., More...>;
+template <class... Policies, class... More>
+struct with_policies<TrainingLoop<Policies...>, More...> {
+  using type = TrainingLoop<Policies..., More...>;
 };
 }  // namespace detail
 

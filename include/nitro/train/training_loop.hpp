@@ -1,29 +1,39 @@
 #pragma once
-// nitro::TrainingLoop<Amp, Accumulation, Checkpoint, Extras...>: one training step with mixed
-// precision, gradient accumulation, activation checkpointing, clipping and monitoring chosen as types.
+// nitro::TrainingLoop<Policies...>: one training step with mixed precision, gradient accumulation,
+// activation checkpointing, clipping and monitoring chosen as types, given in any order; a family
+// left out is off.
 //
-//   using Loop = nitro::TrainingLoop<nitro::amp::Bf16, nitro::accumulate::Fixed<4>, nitro::checkpoint::Off,
-//                                    nitro::clip::Norm>;
+//   using Loop = nitro::TrainingLoop<nitro::amp::Bf16, nitro::accumulate::Fixed<4>, nitro::clip::Norm>;
 //   Loop loop{model, optimizer, {.clip = {.max_norm = 1.0}}};
 //   for (auto& batch : *loader) {
 //     auto r = loop.step(batch, [&](auto& b) { return torch::cross_entropy_loss(model->forward(b.data), b.target); });
 //   }
+//
+// Families (one policy each at most): amp:: (Off, Bf16, Fp16<Scaler>), accumulate:: (Off, Fixed<N>,
+// Dynamic, Adaptive), checkpoint:: (Off, Segments<S>, Sqrt), clip:: (Off, Norm, Value), monitor::
+// (Off, Phases). A user-written policy declares its family and satisfies that family's concept in
+// core/concepts.hpp, which checks everything the loop uses.
 //
 // A policy that is off costs nothing: the loop calls it under `if constexpr`. step() never
 // synchronises the host with the device except where a policy must decide on the host whether to
 // step: amp::Fp16 and skip_nonfinite read one flag per optimizer step (as torch.amp.GradScaler does).
 // The loss comes back as a device tensor; read it with .item() only when you need the number.
 //
-// With a torch::nn::Sequential model the loss function may take the model's forward as its first
-// argument, `[&](auto& forward, auto& b) { return loss(forward(b.data), b.target); }`: the loop
-// then runs the Sequential under the checkpoint policy. Other models use checkpoint::Off here and
-// nitro::checkpoint::run(fn, inputs...) inside their own forward.
+// Checkpointing: with a torch::nn::Sequential model the loss function may take the model's forward as
+// its first argument, `[&](auto& forward, auto& b) { return loss(forward(b.data), b.target); }`: the
+// loop then runs the Sequential under the checkpoint policy. Any other model applies the policy in its
+// own forward with nitro::checkpoint::sequential(blocks, x) or checkpoint::block(fn, x) (see
+// train/checkpoint.hpp). A step in which the policy checkpointed nothing throws nitro::Error.
 //
-// A monitor policy among the extras (monitor::Phases from monitor/phases.hpp) is told when each
-// phase of a step ends; loop.monitor() gives its figures. monitor::Off, the default, is never called.
+// A monitor policy (monitor::Phases from monitor/phases.hpp) is told when each phase of a step ends;
+// loop.monitor() gives its figures. monitor::Off, the default, is never called.
+//
+// The loop's own state (counters, accumulation window, loss scale, split) is state() / load_state():
+// what memory::find_max_batch_size puts back after its trials, and what a snapshot saves.
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/device.hpp>
 #include <nitro/core/error.hpp>
+#include <nitro/memory/oom.hpp>
 #include <nitro/train/accumulate.hpp>
 #include <nitro/train/amp.hpp>
 #include <nitro/train/checkpoint.hpp>
@@ -31,8 +41,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_foreach_mul.h>
-#include <ATen/ops/ones.h>
-#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -58,7 +66,8 @@ struct StepResult {
   bool stepped = false;
   /// An optimizer step was due and was skipped because a gradient (or the loss) was inf or NaN.
   bool skipped = false;
-  /// The loss scale after this step (amp::Fp16 only; undefined otherwise).
+  /// The loss scale after this step (amp::Fp16 only; undefined otherwise): a copy, which later steps
+  /// do not change.
   at::Tensor loss_scale;
   /// The total gradient norm before clipping (clip::Norm, on steps that stepped or skipped).
   at::Tensor grad_norm;
@@ -108,36 +117,73 @@ Batch batch_slice(const Batch& batch, std::int64_t rows, std::int64_t begin, std
 }
 
 template <class P>
-inline constexpr bool is_extra_policy = ClipPolicy<P> || MonitorPolicy<P>;
+inline constexpr bool is_loop_policy = OfFamily<P, family::Amp> || OfFamily<P, family::Accumulation> ||
+                                       OfFamily<P, family::Checkpoint> || OfFamily<P, family::Clip> ||
+                                       OfFamily<P, family::Monitor>;
 template <class Family, class... Ps>
 inline constexpr int count_family = (0 + ... + (OfFamily<Ps, Family> ? 1 : 0));
 
+// The policy of each family, checked against its concept: a policy that misses a piece the loop
+// uses is refused here, with the piece named, rather than deep inside the loop.
+template <AmpPolicy P>
+struct checked_amp {
+  using type = P;
+};
+template <AccumulationPolicy P>
+struct checked_accumulation {
+  using type = P;
+};
+template <CheckpointPolicy P>
+struct checked_checkpoint {
+  using type = P;
+};
+template <ClipPolicy P>
+struct checked_clip {
+  using type = P;
+};
+template <MonitorPolicy P>
+struct checked_monitor {
+  using type = P;
+};
+
 }  // namespace detail
 
-/// @tparam Amp optional, default amp::Off: amp::Off, amp::Bf16 or amp::Fp16<Scaler>.
-/// @tparam Checkpoint optional, default checkpoint::Off: checkpoint::Off, Segments<S> or Sqrt
-///         (the last two need a torch::nn::Sequential model).
-/// @tparam Accumulation optional, default accumulate::Off: accumulate::Off, Fixed<N>, Dynamic or Adaptive.
-/// @tparam Extras optional, in any order: at most one clip policy (clip::Norm or clip::Value; default
-///         clip::Off) and at most one monitor policy (monitor::Phases; default monitor::Off).
-template <AmpPolicy Amp = amp::Off, AccumulationPolicy Accumulation = accumulate::Off,
-          CheckpointPolicy Checkpoint = checkpoint::Off, class... Extras>
+/// @tparam Policies any number, in any order, at most one per family: an AMP policy (default
+///         amp::Off), an accumulation policy (accumulate::Off), a checkpoint policy (checkpoint::Off),
+///         a clip policy (clip::Off) and a monitor policy (monitor::Off).
+template <class... Policies>
 class TrainingLoop {
-  static_assert((detail::is_extra_policy<Extras> && ...),
-                "TrainingLoop<Amp, Accumulation, Checkpoint, Extras...>: each extra policy must be a clip policy "
-                "(nitro::clip::Norm or nitro::clip::Value) or a monitor policy (nitro::monitor::Phases); AMP, "
-                "accumulation and checkpoint policies go in the first three places");
-  static_assert(detail::count_family<family::Clip, Extras...> <= 1, "TrainingLoop: give at most one clip policy");
-  static_assert(detail::count_family<family::Monitor, Extras...> <= 1,
+  static_assert((detail::is_loop_policy<Policies> && ...),
+                "TrainingLoop<Policies...>: each argument must be a policy of the amp::, accumulate::, "
+                "checkpoint::, clip:: or monitor:: family (a type with `using family = nitro::family::...`; "
+                "see core/concepts.hpp); give them in any order");
+  static_assert(detail::count_family<family::Amp, Policies...> <= 1, "TrainingLoop: give at most one AMP policy");
+  static_assert(detail::count_family<family::Accumulation, Policies...> <= 1,
+                "TrainingLoop: give at most one accumulation policy");
+  static_assert(detail::count_family<family::Checkpoint, Policies...> <= 1,
+                "TrainingLoop: give at most one checkpoint policy");
+  static_assert(detail::count_family<family::Clip, Policies...> <= 1, "TrainingLoop: give at most one clip policy");
+  static_assert(detail::count_family<family::Monitor, Policies...> <= 1,
                 "TrainingLoop: give at most one monitor policy");
 
  public:
-  using amp_policy = Amp;
-  using accumulation_policy = Accumulation;
-  using checkpoint_policy = Checkpoint;
-  using clip_policy = typename detail::find_policy<family::Clip, clip::Off, Extras...>::type;
-  using monitor_policy = typename detail::find_policy<family::Monitor, monitor::Off, Extras...>::type;
+  using amp_policy =
+      typename detail::checked_amp<typename detail::find_policy<family::Amp, amp::Off, Policies...>::type>::type;
+  using accumulation_policy = typename detail::checked_accumulation<
+      typename detail::find_policy<family::Accumulation, accumulate::Off, Policies...>::type>::type;
+  using checkpoint_policy = typename detail::checked_checkpoint<
+      typename detail::find_policy<family::Checkpoint, checkpoint::Off, Policies...>::type>::type;
+  using clip_policy =
+      typename detail::checked_clip<typename detail::find_policy<family::Clip, clip::Off, Policies...>::type>::type;
+  using monitor_policy = typename detail::checked_monitor<
+      typename detail::find_policy<family::Monitor, monitor::Off, Policies...>::type>::type;
 
+ private:
+  using Amp = amp_policy;
+  using Accumulation = accumulation_policy;
+  using Checkpoint = checkpoint_policy;
+
+ public:
   struct Options {
     typename Amp::Options amp{};
     typename Accumulation::Options accumulate{};
@@ -145,18 +191,32 @@ class TrainingLoop {
     typename clip_policy::Options clip{};
     typename monitor_policy::Options monitor{};
     /// Skip an optimizer step whose gradients hold inf or NaN (fp32 and bf16; amp::Fp16 always
-    /// does). Costs one host-device synchronisation per optimizer step.
+    /// does). A read-only check; costs one host-device synchronisation per optimizer step.
     bool skip_nonfinite = false;
+  };
+
+  /// The loop's own state, apart from the model, the optimizer and the gradients (which
+  /// memory::StateBackup and snapshots keep): what load_state() puts back.
+  struct State {
+    /// Micro-batches per optimizer step (accumulate::Dynamic changes it).
+    std::int64_t accumulation_steps = 1;
+    /// Micro-batches since the last optimizer step: their gradients are in the parameters' .grad,
+    /// which must be put back with the state.
+    std::int64_t pending_micro_batches = 0;
+    std::int64_t optimizer_steps = 0;
+    std::int64_t skipped_steps = 0;
+    /// accumulate::Adaptive: parts each batch is split into, and splits made so far.
+    std::int64_t split = 1;
+    std::int64_t splits_made = 0;
+    /// amp::Fp16: the loss scaler's state (reading it synchronises with the device once).
+    std::optional<LossScaleState> loss_scale;
   };
 
   /// Any model: the loss function receives the batch only.
   TrainingLoop(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer)
       : TrainingLoop(std::move(model), optimizer, Options{}) {}
   TrainingLoop(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer, Options options)
-      : model_(std::move(model)), optimizer_(&optimizer), o_(options) {
-    static_assert(!Checkpoint::enabled,
-                  "TrainingLoop: checkpoint::Segments and checkpoint::Sqrt apply to a torch::nn::Sequential model; "
-                  "for another model use checkpoint::Off here and nitro::checkpoint::run(fn, inputs...) inside its forward");
+      : model_(std::move(model)), optimizer_(&optimizer), o_(std::move(options)) {
     init();
   }
 
@@ -166,10 +226,7 @@ class TrainingLoop {
       : TrainingLoop(model, optimizer, Options{}) {}
   template <class Impl>
   TrainingLoop(const torch::nn::ModuleHolder<Impl>& model, torch::optim::Optimizer& optimizer, Options options)
-      : model_(model.ptr()), optimizer_(&optimizer), o_(options) {
-    static_assert(!Checkpoint::enabled || detail::is_sequential<Impl>,
-                  "TrainingLoop: checkpoint::Segments and checkpoint::Sqrt apply to a torch::nn::Sequential model; "
-                  "for another model use checkpoint::Off here and nitro::checkpoint::run(fn, inputs...) inside its forward");
+      : model_(model.ptr()), optimizer_(&optimizer), o_(std::move(options)) {
     if constexpr (detail::is_sequential<Impl>) sequential_ = model.ptr();
     init();
   }
@@ -182,7 +239,11 @@ class TrainingLoop {
   /// Sequential model) must return a scalar tensor.
   ///
   /// accumulate::Adaptive: the batch is one optimizer step; it is split along dimension 0 of its
-  /// tensors when memory runs out (the loss function must then return a mean over the rows).
+  /// tensors when the forward or backward runs out of memory (the loss function must then return a
+  /// mean over the rows). An optimizer step that fails (out of memory while Adam makes its state, or
+  /// anything else) is not retried: its gradients are dropped, the window starts anew and the error
+  /// reaches the caller (parameters LibTorch's optimizer had updated before failing stay updated: it
+  /// steps one parameter at a time).
   template <class Batch, class LossFn>
   StepResult step(const Batch& batch, LossFn&& loss_fn) {
     if constexpr (monitor_policy::enabled) monitor_.begin_step();
@@ -213,6 +274,7 @@ class TrainingLoop {
       grads_.assign(params_);
       const double rescale = static_cast<double>(window_) / static_cast<double>(micro_);
       grads_.for_each([&](detail::GradGroups::Group& g) { at::_foreach_mul_(g.grads, rescale); });
+      grads_.release();
     }
     optimizer_step(result);
     return result;
@@ -223,11 +285,49 @@ class TrainingLoop {
     NITRO_CHECK(sequential_ != nullptr,
                 "TrainingLoop::forward needs a torch::nn::Sequential model; call your model's forward yourself");
     if constexpr (Checkpoint::enabled) {
-      return detail::run_segments(*sequential_,
-                                  Checkpoint::segments(static_cast<std::int64_t>(sequential_->size()), o_.checkpoint), x);
+      return checkpoint::sequential(
+          *sequential_, Checkpoint::segments(static_cast<std::int64_t>(sequential_->size()), o_.checkpoint), x);
     } else {
       return sequential_->forward(x);
     }
+  }
+
+  /// The loop's state now (see State). With amp::Fp16 it reads the loss scale: one synchronisation.
+  State state() const {
+    State s{window_, micro_, steps_, skipped_, split_, splits_made_, std::nullopt};
+    if constexpr (Amp::scales_loss) s.loss_scale = scaler_.state_dict();
+    return s;
+  }
+
+  /// Puts the loop's state back (the gradients of pending micro-batches are the caller's to put
+  /// back). Throws nitro::Error, changing nothing, for a state this loop cannot hold.
+  void load_state(const State& s) {
+    if constexpr (std::same_as<Accumulation, accumulate::Dynamic>) {
+      (void)accumulate::Dynamic::steps({s.accumulation_steps});
+    } else {
+      NITRO_CHECK(s.accumulation_steps == window_, "TrainingLoop::load_state: accumulation_steps is ",
+                  s.accumulation_steps, " but this loop's accumulation policy (", Accumulation::name, ") takes ",
+                  window_, " micro-batches per step; only accumulate::Dynamic can change it");
+    }
+    NITRO_CHECK(s.pending_micro_batches >= 0 && s.pending_micro_batches < s.accumulation_steps,
+                "TrainingLoop::load_state: pending_micro_batches must be in [0, accumulation_steps), got ",
+                s.pending_micro_batches, " of ", s.accumulation_steps);
+    NITRO_CHECK(s.optimizer_steps >= 0 && s.skipped_steps >= 0 && s.skipped_steps <= s.optimizer_steps,
+                "TrainingLoop::load_state: the step counters must satisfy 0 <= skipped_steps <= optimizer_steps, got ",
+                s.skipped_steps, " and ", s.optimizer_steps);
+    NITRO_CHECK(s.split >= 1 && s.splits_made >= 0, "TrainingLoop::load_state: split must be >= 1 and splits_made "
+                "must be >= 0, got ", s.split, " and ", s.splits_made);
+    NITRO_CHECK(s.loss_scale.has_value() == Amp::scales_loss, "TrainingLoop::load_state: the state ",
+                s.loss_scale ? "holds" : "lacks", " a loss scale, but this loop's AMP policy (", Amp::name, ") ",
+                Amp::scales_loss ? "scales the loss" : "does not scale the loss");
+    if constexpr (Amp::scales_loss) scaler_.load_state_dict(*s.loss_scale);  // validates; throws first
+    if constexpr (std::same_as<Accumulation, accumulate::Dynamic>) o_.accumulate.steps = s.accumulation_steps;
+    window_ = s.accumulation_steps;
+    micro_ = s.pending_micro_batches;
+    steps_ = s.optimizer_steps;
+    skipped_ = s.skipped_steps;
+    split_ = s.split;
+    splits_made_ = s.splits_made;
   }
 
   /// accumulate::Dynamic: micro-batches per optimizer step from now on; only between steps.
@@ -287,14 +387,34 @@ class TrainingLoop {
     at::Tensor operator()(const at::Tensor& x) const { return loop->forward(x); }
   };
 
+  static std::int64_t checkpoint_segments(std::int64_t layers, const void* options) {
+    return Checkpoint::segments(layers, *static_cast<const typename Checkpoint::Options*>(options));
+  }
+
   // Forward and loss under the AMP policy, backward of loss / divisor; returns the loss, detached.
   template <class Batch, class LossFn>
   at::Tensor forward_backward(const Batch& batch, LossFn& loss_fn, double divisor) {
     at::Tensor loss;
     {
       std::optional<AutocastGuard> autocast;
-      if constexpr (Amp::enabled) autocast.emplace(device_type_, Amp::dtype);
-      loss = call(loss_fn, batch);
+      if constexpr (Amp::enabled) autocast.emplace(device_.type(), Amp::dtype);
+      if constexpr (Checkpoint::enabled) {
+        // The model's own forward sees the policy (checkpoint::sequential(blocks, x), checkpoint::block).
+        detail::CheckpointContext context{&checkpoint_segments, &o_.checkpoint};
+        detail::CheckpointContextScope scope(&context);
+        loss = call(loss_fn, batch);
+        NITRO_CHECK(context.checkpointed > 0, "TrainingLoop with checkpoint::", Checkpoint::name,
+                    ": this step checkpointed nothing, so it saved no memory. ",
+                    sequential_ != nullptr
+                        ? "The model is a torch::nn::Sequential: let the loss function take its forward, "
+                          "[&](auto& forward, auto& b) { return loss(forward(b.data), b.target); }, and call that "
+                          "instead of model->forward"
+                        : "The model is not a torch::nn::Sequential: call nitro::checkpoint::sequential(blocks, x) "
+                          "or nitro::checkpoint::block(fn, x) in its forward (train/checkpoint.hpp)",
+                    "; or use checkpoint::Off");
+      } else {
+        loss = call(loss_fn, batch);
+      }
     }
     NITRO_CHECK(loss.defined() && loss.numel() == 1,
                 "TrainingLoop::step: the loss function must return a scalar tensor (reduce it with mean() or sum()); "
@@ -330,14 +450,17 @@ class TrainingLoop {
           total = total.defined() ? total.add(part, share) : part.mul(share);
         }
         return total;
-      } catch (const c10::OutOfMemoryError& e) {
+      } catch (const std::exception& e) {
+        // Out of memory in any of its forms (the allocator's, cuBLAS's, cuDNN's): split. Anything
+        // else (a shape error) reaches the caller as it is.
+        if (!memory::is_out_of_memory(e)) throw;
         optimizer_->zero_grad(/*set_to_none=*/true);  // the gradients of the parts that finished
         if (parts >= limit) throw;
         const std::int64_t previous = split_;
         split_ = std::min(parts * 2, limit);
         ++splits_made_;
         if (o_.accumulate.on_split)
-          o_.accumulate.on_split({previous, split_, rows, std::string(e.what_without_backtrace())});
+          o_.accumulate.on_split({previous, split_, rows, std::string(memory::error_message(e))});
       }
     }
   }
@@ -365,42 +488,49 @@ class TrainingLoop {
     window_ = Accumulation::steps(o_.accumulate);
     if constexpr (detail::SplitsOnOom<Accumulation>) split_ = o_.accumulate.initial_split;
     if constexpr (clip_policy::enabled) clip_policy::validate(o_.clip);
-    device_type_ = params_.front().device().type();
-    if constexpr (monitor_policy::enabled) monitor_ = typename monitor_policy::Recorder(o_.monitor, device_type_);
+    // One concrete device (cuda:1, not "the current one"): the monitor's events and memory figures
+    // are of the device the model is on, whatever device is current when a step runs.
+    device_ = params_.front().device();
+    if constexpr (monitor_policy::enabled) monitor_ = typename monitor_policy::Recorder(o_.monitor, device_);
     if constexpr (Amp::enabled) {
-      NITRO_CHECK(compat::autocast_available(device_type_), "TrainingLoop: amp::", Amp::name,
-                  " needs autocast, which LibTorch does not offer on ", c10::DeviceTypeName(device_type_),
+      NITRO_CHECK(compat::autocast_available(device_.type()), "TrainingLoop: amp::", Amp::name,
+                  " needs autocast, which LibTorch does not offer on ", c10::DeviceTypeName(device_.type()),
                   "; use amp::Off there");
     }
     if constexpr (Amp::scales_loss) scaler_ = typename Amp::scaler_type(o_.amp);
   }
 
   void optimizer_step(StepResult& result) {
-    grads_.assign(params_);
-    at::Tensor found_inf;
-    if constexpr (Amp::scales_loss) {
-      found_inf = scaler_.unscale(grads_);
-    } else {
-      if (o_.skip_nonfinite) {
-        if (!one_.defined()) one_ = at::ones({}, params_.front().options().dtype(at::kFloat));
-        found_inf = at::zeros({}, one_.options());
-        detail::unscale_grads(grads_, one_, found_inf);  // multiplies by 1: only the check
+    try {
+      grads_.assign(params_);
+      at::Tensor found_inf;
+      if constexpr (Amp::scales_loss) {
+        found_inf = scaler_.unscale(grads_);
+      } else {
+        if (o_.skip_nonfinite) found_inf = detail::nonfinite_flag(grads_, device_);
       }
+      if constexpr (clip_policy::enabled) result.grad_norm = clip_policy::apply(grads_, o_.clip);
+      grads_.release();  // zero_grad below must be able to free them
+      // The one host decision of a step, where a policy needs it.
+      const bool skip = found_inf.defined() && found_inf.item<float>() > 0.0f;
+      if (!skip) optimizer_->step();
+      if constexpr (Amp::scales_loss) {
+        scaler_.update(found_inf);
+        result.loss_scale = scaler_.scale_tensor().clone();  // the live scale changes in place later
+      }
+      optimizer_->zero_grad(/*set_to_none=*/true);
+      ++steps_;
+      skipped_ += skip ? 1 : 0;
+      result.stepped = !skip;
+      result.skipped = skip;
+    } catch (...) {
+      // No half-done window survives a failed step: the next step() starts a new one.
+      grads_.release();
+      optimizer_->zero_grad(/*set_to_none=*/true);
+      micro_ = 0;
+      throw;
     }
-    if constexpr (clip_policy::enabled) result.grad_norm = clip_policy::apply(grads_, o_.clip);
-    // The one host decision of a step, where a policy needs it.
-    const bool skip = found_inf.defined() && found_inf.item<float>() > 0.0f;
-    if (!skip) optimizer_->step();
-    if constexpr (Amp::scales_loss) {
-      scaler_.update(found_inf);
-      result.loss_scale = scaler_.scale_tensor();
-    }
-    optimizer_->zero_grad(/*set_to_none=*/true);
     micro_ = 0;
-    ++steps_;
-    skipped_ += skip ? 1 : 0;
-    result.stepped = !skip;
-    result.skipped = skip;
   }
 
   std::shared_ptr<torch::nn::Module> model_;
@@ -409,16 +539,15 @@ class TrainingLoop {
   Options o_;
   std::vector<at::Tensor> params_;
   detail::GradGroups grads_;
-  c10::DeviceType device_type_ = c10::DeviceType::CPU;
+  c10::Device device_{c10::kCPU};
   std::int64_t window_ = 1;
   std::int64_t micro_ = 0;
   std::int64_t steps_ = 0;
   std::int64_t skipped_ = 0;
-  at::Tensor one_;
   std::int64_t split_ = 1;
   std::int64_t splits_made_ = 0;
   [[no_unique_address]] typename detail::scaler_of<Amp>::type scaler_{};
-  [[no_unique_address]] typename monitor_policy::Recorder monitor_{o_.monitor, device_type_};
+  [[no_unique_address]] typename monitor_policy::Recorder monitor_{o_.monitor, device_};
 };
 
 }  // namespace nitro

@@ -1,0 +1,73 @@
+#pragma once
+// Out of memory in every form LibTorch reports it, told apart from every other error.
+//
+//   try { step(batch); }
+//   catch (const std::exception& e) { if (!nitro::memory::is_out_of_memory(e)) throw; /* smaller batch */ }
+//
+// The CUDA caching allocator throws c10::OutOfMemoryError. Near the limit the CUDA libraries run out
+// first and report it their own way, as a plain c10::Error or c10::AcceleratorError:
+//   "CUDA error: out of memory"                 a kernel launch or a CUDA runtime call
+//   CUBLAS_STATUS_ALLOC_FAILED                  cuBLAS's workspace; CUBLAS_STATUS_NOT_INITIALIZED is
+//                                               what cublasCreate reports when it cannot allocate
+//   CUDNN_STATUS_ALLOC_FAILED*, CUDNN_STATUS_INTERNAL_ERROR*
+//                                               cuDNN (cuDNN 7-8 reported a failed allocation as an
+//                                               internal error; cuDNN 9 adds sub-codes after the name)
+//   CUFFT_ALLOC_FAILED, CUSOLVER_STATUS_ALLOC_FAILED, CUSPARSE_STATUS_ALLOC_FAILED
+// and the CPU: std::bad_alloc, the DefaultCPUAllocator's failure, and the budget of
+// memory::ScopedCpuTracking (a c10::OutOfMemoryError). Everything else (a shape error, a device
+// assert, a NaN check) is not out of memory.
+//
+// cuDNN autotuning (hw::Settings::cudnn_benchmark) near the limit: it tries each convolution
+// algorithm with the workspace it can still get, skips those whose workspace does not fit, and
+// keeps its pick per input shape for the rest of the process. A shape first seen near the limit
+// (in a batch-size search, or just after a split) may therefore keep a low-workspace, slower
+// algorithm. Search with autotuning off, or leave a margin (BatchSizeOptions::margin) so training
+// runs with room for the faster algorithms.
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <exception>
+#include <new>
+#include <string_view>
+
+namespace nitro::memory {
+
+namespace detail {
+/// The out-of-memory reports of the CUDA libraries and of LibTorch's CPU allocator (see the banner).
+inline constexpr std::array<std::string_view, 10> oom_markers = {
+    "CUDA error: out of memory",
+    "CUDA out of memory",
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    "CUBLAS_STATUS_NOT_INITIALIZED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_INTERNAL_ERROR",
+    "CUFFT_ALLOC_FAILED",
+    "CUSOLVER_STATUS_ALLOC_FAILED",
+    "CUSPARSE_STATUS_ALLOC_FAILED",
+    "DefaultCPUAllocator: can't allocate memory",
+};
+}  // namespace detail
+
+/// Whether `message` is one of the out-of-memory reports listed in the banner.
+[[nodiscard]] inline bool is_out_of_memory_message(std::string_view message) noexcept {
+  for (const auto marker : detail::oom_markers)
+    if (message.find(marker) != std::string_view::npos) return true;
+  return false;
+}
+
+/// Whether `e` reports running out of memory (see the banner): c10::OutOfMemoryError, std::bad_alloc,
+/// or a c10::Error whose message is a CUDA library's or the CPU allocator's out-of-memory report.
+[[nodiscard]] inline bool is_out_of_memory(const std::exception& e) noexcept {
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) return true;
+  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return is_out_of_memory_message(error->msg());
+  return false;
+}
+
+/// The message of an error without LibTorch's backtrace, for reports.
+[[nodiscard]] inline std::string_view error_message(const std::exception& e) noexcept {
+  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return error->what_without_backtrace();
+  return e.what();
+}
+
+}  // namespace nitro::memory
