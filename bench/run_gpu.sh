@@ -10,7 +10,9 @@
 # Here, once:     ../shared/gpu/prepare.sh     (makes .gpu/: doctest, GSL and zlib for that machine)
 # Device calls:   command "bash bench/run_gpu.sh tests", carry [".gpu"]; then "bash bench/run_gpu.sh bench"
 # Each step prints its command, its exit code and its seconds; everything lands in $OUT/<step>.txt,
-# and the call ends with a summary and the RESULT lines. Without a GPU (a rehearsal here) the same
+# and the call ends with a summary and the RESULT lines. `budget=N` (seconds, default 560) bounds each
+# call: the tests, and each benchmark, get what is left of it (timeout); a benchmark with under 20 s
+# left is not started. Without a GPU (a rehearsal here) the same
 # commands complete: the gpu tests skip, the benchmarks run their CPU variants.
 #
 # The GPU machine has CUDA, cuDNN, ninja and PyTorch (python3), and no package registry: LibTorch is
@@ -58,7 +60,7 @@ finish() {
   exit $status
 }
 
-{ nvidia-smi 2>&1 || echo "nvidia-smi: not found (no GPU here)"
+{ if command -v nvidia-smi >/dev/null; then nvidia-smi; else echo "nvidia-smi: not found (no GPU here)"; fi
   "$python" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available(), "devices", torch.cuda.device_count())'
   echo "cores: $(nproc)"; } >"$out/machine-$part.txt" 2>&1
 cat "$out/machine-$part.txt"
@@ -68,15 +70,27 @@ step configure cmake --preset gpu -DNITRO_PYTHON="$python" || finish
 if [ "$part" = tests ]; then
   step build cmake --build --preset gpu -j "$(nproc)" --target test_core test_hw test_data test_train test_memory \
     test_monitor test_cache || finish
-  # One at a time: they share the one GPU, and several time what the device does.
-  step tests ctest --preset gpu -L gpu --timeout 300
+  # One at a time: they share the one GPU, and several time what the device does. Bounded by what is
+  # left of the call's budget, so the summary always prints.
+  step tests timeout $(( ${budget:-560} - (SECONDS - start) )) ctest --preset gpu -L gpu --timeout 300
 else
   benches=("$@")
   [ ${#benches[@]} -gt 0 ] || benches=(bench_loop_overhead bench_checkpoint bench_monitor bench_batch_finder bench_prefetch)
   step build cmake --build --preset gpu -j "$(nproc)" --target "${benches[@]}" levels || finish
-  for b in "${benches[@]}"; do
-    step "$b" timeout 240 "build-gpu/bench/$b"
+  # Each program gets at most what is left of the call's budget (`budget` s, default 560, under the
+  # device's 600), so the call always ends with its summary rather than being cut off.
+  for b in "${benches[@]}" levels; do
+    left=$(( ${budget:-560} - (SECONDS - start) ))
+    if [ "$left" -lt 20 ]; then
+      summary+=("$(printf '%-22s not run: %s s left of the budget' "$b" "$left")")
+      status=1
+      continue
+    fi
+    if [ "$b" = levels ]; then
+      step levels timeout "$left" build-gpu/examples/levels --epochs 1 --metrics "$out/demo-metrics"
+    else
+      step "$b" timeout "$left" "build-gpu/bench/$b"
+    fi
   done
-  step levels timeout 180 build-gpu/examples/levels --epochs 1 --metrics "$out/demo-metrics"
 fi
 finish

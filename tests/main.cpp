@@ -1,35 +1,63 @@
 // The main() of every test executable.
 //
-// Test cases named "gpu: ..." need a GPU (tests/testing.hpp, needs_gpu). Where none is present they
-// are left out of a run (doctest counts them as skipped), and a run that names one, as CTest runs
-// each case in a process of its own, exits with 77, which CTest reports as skipped
-// (SKIP_RETURN_CODE, tests/CMakeLists.txt). They are still listed, so CTest registers them on every
-// machine and `ctest -L gpu` finds them even where they cannot run.
+// CTest runs each case in a process of its own (`--test-case=<name>`). A case that does not run
+// there exits with 77, which CTest reports as skipped (SKIP_RETURN_CODE, tests/CMakeLists.txt),
+// where doctest alone would print "test cases: 0" and fail the test's FAIL_REGULAR_EXPRESSION:
+//   - a case skipped by its decorator (doctest::skip(condition), nitro::test::needs_gpu(skip_anyway));
+//   - a case named "gpu: ..." where no GPU is present (tests/testing.hpp, needs_gpu). Such cases are
+//     also left out of a whole run there (doctest counts them as skipped), and are still listed, so
+//     CTest registers them on every machine and `ctest -L gpu` finds them even where they cannot run.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <torch/cuda.h>
 
 #include <cstdio>
+#include <string>
 #include <string_view>
+
+namespace {
+
+// The one case a command line names exactly (no wildcard), as CTest gives it; "" otherwise.
+std::string named_case(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    for (const std::string_view flag : {"--test-case=", "-tc="}) {
+      if (!arg.starts_with(flag)) continue;
+      std::string name;
+      const auto rest = arg.substr(flag.size());
+      for (std::size_t j = 0; j < rest.size(); ++j) {
+        if (rest[j] == '\\' && j + 1 < rest.size() && rest[j + 1] == ',') continue;  // "\," is a comma
+        name += rest[j];
+      }
+      return name.find_first_of("*?") == std::string::npos ? name : std::string();
+    }
+  }
+  return {};
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   doctest::Context context;
   context.applyCommandLine(argc, argv);
-  if (!torch::cuda::is_available()) {
-    bool listing = false;
-    for (int i = 1; i < argc; ++i) {
-      const std::string_view arg = argv[i];
-      listing = listing || arg.starts_with("--list-test-cases") || arg.starts_with("-ltc");
-      for (const std::string_view flag : {"--test-case=gpu: ", "-tc=gpu: "}) {
-        if (arg.starts_with(flag)) {
-          std::printf("[nitro] skipped: \"%.*s\" needs a GPU and this process sees none\n",
-                      static_cast<int>(arg.size() - flag.size() + 5), argv[i] + flag.size() - 5);
-          return 77;
-        }
+  const bool gpu = torch::cuda::is_available();
+  if (const auto name = named_case(argc, argv); !name.empty()) {
+    for (const auto& tc : doctest::detail::getRegisteredTests()) {
+      if (name != tc.m_name) continue;
+      const bool no_gpu = !gpu && name.starts_with("gpu: ");
+      if (tc.m_skip || no_gpu) {
+        std::printf("[nitro] skipped: \"%s\" %s\n", name.c_str(),
+                    no_gpu ? "needs a GPU and this process sees none" : "is skipped here by its decorator");
+        return 77;
       }
     }
-    if (!listing) context.addFilter("test-case-exclude", "gpu: *");
   }
+  bool listing = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    listing = listing || arg.starts_with("--list-test-cases") || arg.starts_with("-ltc");
+  }
+  if (!gpu && !listing) context.addFilter("test-case-exclude", "gpu: *");
   return context.run();
 }

@@ -185,6 +185,12 @@ TEST_CASE("the recorder's state saves and loads its figures") {
   CHECK(r.window().size() == 1);
   nitro::monitor::Recorder other({.window = 4});
   CHECK_THROWS_WITH_AS(other.load_state(saved), doctest::Contains("keeps 8 steps"), nitro::Error);
+
+  // The time between the save and the load (a batch-size search) is no step's data wait.
+  std::this_thread::sleep_for(200ms);
+  r.load_state(r.state());
+  step();
+  CHECK(r.window().back().phase_ms[static_cast<int>(Phase::data)] < 100.0f);
 }
 
 TEST_CASE("gpu: the monitor times and reads the model's GPU, not the current one" * nitro::test::needs_gpu()) {

@@ -4,6 +4,7 @@
 #include "testing.hpp"
 
 #include <cstdint>
+#include <future>
 #include <vector>
 
 namespace {
@@ -218,14 +219,14 @@ TEST_CASE("level::Ultra trains a custom module whose forward uses checkpoint::bl
   CHECK(stepped == 2);
 }
 
-TEST_CASE("a step that checkpointed nothing under Segments or Sqrt is an error before its backward") {
+TEST_CASE("a step whose model never took the Segments or Sqrt policy is an error before its backward") {
   auto seq = make_mlp(4);
   torch::optim::SGD optimizer(seq->parameters(), 0.1);
   nitro::TrainingLoop<nitro::checkpoint::Sqrt> loop{seq, optimizer};
   const auto x = torch::randn({8, 16});
   // A one-argument loss function calls the Sequential directly: the loop cannot checkpoint it.
   CHECK_THROWS_WITH_AS(loop.step(x, [&](const at::Tensor& in) { return seq->forward(in).mean(); }),
-                       doctest::Contains("checkpointed nothing"), nitro::Error);
+                       doctest::Contains("never took the checkpoint policy"), nitro::Error);
   CHECK(loop.pending_micro_batches() == 0);
   for (const auto& p : seq->parameters()) CHECK_FALSE(p.grad().defined());  // no backward ran
   // Taking the forward works.
@@ -237,4 +238,50 @@ TEST_CASE("a step that checkpointed nothing under Segments or Sqrt is an error b
   nitro::TrainingLoop<nitro::checkpoint::Segments<2>> custom{linear, opt2};
   CHECK_THROWS_WITH_AS(custom.step(x, [&](const at::Tensor& in) { return linear->forward(in).mean(); }),
                        doctest::Contains("checkpoint::sequential(blocks, x)"), nitro::Error);
+}
+
+TEST_CASE("one segment, one layer, or the forward called on another thread is no error") {
+  const auto x = torch::randn({8, 16});
+  const auto loss = [](auto& forward, const at::Tensor& in) { return forward(in).mean(); };
+  auto seq = make_mlp(4);
+  torch::optim::SGD optimizer(seq->parameters(), 0.1);
+  nitro::TrainingLoop<nitro::checkpoint::Segments<1>> one_segment{seq, optimizer};  // checkpoints nothing, as asked
+  CHECK(one_segment.step(x, loss).stepped);
+  torch::nn::Sequential single(torch::nn::Linear(16, 1));
+  torch::optim::SGD single_opt(single->parameters(), 0.1);
+  nitro::TrainingLoop<nitro::checkpoint::Sqrt> one_layer{single, single_opt};
+  CHECK(one_layer.step(x, loss).stepped);
+  nitro::TrainingLoop<nitro::checkpoint::Sqrt> threaded{seq, optimizer};
+  CHECK(threaded.step(x, [](auto& forward, const at::Tensor& in) {
+    return std::async(std::launch::async, [&] { return forward(in).mean(); }).get();
+  }).stepped);
+}
+
+TEST_CASE("the policy reaches only the loop's own model: not an inner loop's, not a no-grad forward") {
+  const auto x = torch::randn({8, 32});
+  Tower student(4), teacher(4), inner(4);
+  torch::optim::SGD opt(student->parameters(), 0.01), inner_opt(inner->parameters(), 0.01);
+  nitro::TrainingLoop<nitro::checkpoint::Sqrt> outer{student, opt};
+  nitro::TrainingLoop<> inner_loop{inner, inner_opt};
+  outer.step(x, [&](const at::Tensor& in) {
+    {
+      torch::NoGradGuard no_grad;
+      (void)teacher->forward(in);  // no gradients: runs plainly, and does not count for the student
+    }
+    inner_loop.step(in, [&](const at::Tensor& b) { return inner->forward(b).pow(2).mean(); });
+    return student->forward(in).pow(2).mean();
+  });
+  CHECK(student->saw_checkpointing);
+  CHECK_FALSE(inner->saw_checkpointing);  // a loop with checkpoint::Off hides the outer policy
+  // A student the loss function never calls: the teacher's no-grad forward does not satisfy the check.
+  CHECK_THROWS_WITH_AS(outer.step(x, [&](const at::Tensor& in) {
+    torch::NoGradGuard no_grad;
+    return teacher->forward(in).pow(2).mean().detach().requires_grad_();
+  }), doctest::Contains("never took the checkpoint policy"), nitro::Error);
+}
+
+TEST_CASE("checkpoint::run refuses an undefined input, saying so") {
+  CHECK_THROWS_WITH_AS(nitro::checkpoint::run([](const at::Tensor& a, const at::Tensor&) { return a * 2; },
+                                              torch::ones({2}), at::Tensor{}),
+                       doctest::Contains("input 1 is an undefined tensor"), nitro::Error);
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -282,4 +283,95 @@ TEST_CASE("policies in any order make the same loop") {
   const auto a = run(std::type_identity<nitro::TrainingLoop<nitro::amp::Off, nitro::accumulate::Fixed<2>, nitro::checkpoint::Off, nitro::clip::Norm>>{});
   const auto b = run(std::type_identity<nitro::TrainingLoop<nitro::clip::Norm, nitro::accumulate::Fixed<2>>>{});
   CHECK(a.equal(b));
+}
+
+namespace {
+// A function whose backward throws, as a backward running out of memory half way does: the gradient
+// of `before` (computed first) has already reached the parameters when it throws.
+struct ThrowInBackward : torch::autograd::Function<ThrowInBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list) {
+    throw c10::OutOfMemoryError({"backward", __FILE__, __LINE__}, "out of memory in backward (test)");
+  }
+};
+}  // namespace
+
+TEST_CASE("a micro-batch whose backward fails half way leaves nothing of its window behind") {
+  torch::nn::Linear model(3, 1), reference(3, 1);
+  {
+    torch::NoGradGuard no_grad;
+    reference->weight.copy_(model->weight);
+    reference->bias.copy_(model->bias);
+  }
+  torch::optim::SGD optimizer(model->parameters(), 0.1), ref_opt(reference->parameters(), 0.1);
+  nitro::TrainingLoop<nitro::accumulate::Fixed<2>> loop{model, optimizer}, plain{reference, ref_opt};
+  const auto loss = [](torch::nn::Linear& m) { return [&m](const at::Tensor& in) { return m->forward(in).mean(); }; };
+  CHECK_FALSE(loop.step(x, loss(model)).stepped);
+  CHECK_THROWS_AS(loop.step(x, [&](const at::Tensor& in) {
+    // Made first, so its backward runs last (autograd runs later nodes first): the forward's
+    // gradients have reached the parameters when it throws.
+    const auto failing = ThrowInBackward::apply(model->weight).sum() * 0.0;
+    const auto fine = model->forward(in).mean();
+    return fine + failing;
+  }), c10::OutOfMemoryError);
+  CHECK(loop.pending_micro_batches() == 0);
+  for (const auto& p : model->parameters()) CHECK_FALSE(p.grad().defined());
+  // The next window is a whole new one: the same update as a loop that never saw the failure.
+  for (int i = 0; i < 2; ++i) {
+    loop.step(x, loss(model));
+    plain.step(x, loss(reference));
+  }
+  CHECK(torch::equal(model->weight, reference->weight));
+  CHECK(torch::equal(model->bias, reference->bias));
+}
+
+TEST_CASE("skip_nonfinite works on float64 models and never skips finite gradients, however large") {
+  torch::nn::Linear model(3, 1);
+  model->to(torch::kDouble);
+  torch::optim::SGD optimizer(model->parameters(), 1e-80);
+  nitro::level::Basic loop{model, optimizer, {.skip_nonfinite = true}};
+  const auto xd = x.to(torch::kDouble);
+  CHECK(loop.step(xd, [&](const at::Tensor& in) { return model->forward(in).mean(); }).stepped);
+  CHECK(loop.step(xd, [&](const at::Tensor& in) { return model->forward(in).mean() * NAN; }).skipped);
+  // Gradients of 1e38 each: finite in float32 and float64 alike, though their sum would overflow float32.
+  torch::nn::Linear wide(4, 1);
+  torch::optim::SGD wide_opt(wide->parameters(), 1e-40);
+  nitro::level::Basic guarded{wide, wide_opt, {.skip_nonfinite = true}};
+  const auto r = guarded.step(torch::ones({1, 4}), [&](const at::Tensor& in) { return wide->forward(in).sum() * 1e38; });
+  CHECK(r.stepped);
+  CHECK_FALSE(r.skipped);
+}
+
+namespace {
+// A loss scaler without a default constructor and a recorder that cannot be moved: both satisfy their
+// concepts, so the loop must build them in place.
+struct PickyScaler : nitro::StaticLossScale {
+  explicit PickyScaler(const Options& o) : nitro::StaticLossScale(o) {}
+};
+struct PinnedMonitor {
+  using family = nitro::family::Monitor;
+  static constexpr std::string_view name = "pinned";
+  static constexpr bool enabled = true;
+  struct Options {};
+  struct Recorder {
+    Recorder(const Options&, const c10::Device& d) : device(d) {}
+    void begin_step() { ++begun; }
+    void mark(nitro::Phase) {}
+    void end_step(std::int64_t) {}
+    std::mutex lock;  // neither movable nor assignable
+    c10::Device device;
+    int begun = 0;
+  };
+};
+}  // namespace
+
+TEST_CASE("a user's scaler without a default constructor and a recorder that cannot move plug in") {
+  static_assert(nitro::LossScaler<PickyScaler> && nitro::MonitorPolicy<PinnedMonitor>);
+  torch::nn::Linear model(3, 1);
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  nitro::TrainingLoop<PinnedMonitor, nitro::amp::Fp16<PickyScaler>> loop{model, optimizer, {.amp = {.scale = 8.0}}};
+  CHECK(loop.step(x, [&](const at::Tensor& in) { return model->forward(in).mean(); }).stepped);
+  CHECK(loop.monitor().begun == 1);
+  CHECK(loop.monitor().device == c10::Device(c10::kCPU));
+  CHECK(loop.scaler().current_scale() == 8.0);
 }

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <tuple>
 #include <type_traits>
@@ -224,9 +225,36 @@ template <class P>
 concept CountsMicroBatches = requires(const typename P::Options& o) {
   { P::steps(o) } -> std::convertible_to<std::int64_t>;
 };
+
+namespace accumulate {
+/// What the loop reports when a policy that splits on running out of memory (accumulate::Adaptive)
+/// splits a batch.
+struct SplitEvent {
+  std::int64_t previous_split = 1;
+  std::int64_t split = 2;
+  /// Rows (size of dimension 0) of the batch that ran out of memory.
+  std::int64_t batch_rows = 0;
+  /// The out-of-memory message.
+  std::string reason;
+};
+}  // namespace accumulate
+
+/// An accumulation policy that splits its batch on running out of memory (`static constexpr bool
+/// splits_on_oom = true`) has the options the loop reads then: `initial_split`, `max_split`, and an
+/// `on_split` callback (testable as a bool, callable with an accumulate::SplitEvent).
+template <class P>
+concept SplitsWithOptionsIfSplitting =
+    (!requires { requires static_cast<bool>(P::splits_on_oom); }) ||
+    requires(const typename P::Options& o, const accumulate::SplitEvent& e) {
+      { o.initial_split } -> std::convertible_to<std::int64_t>;
+      { o.max_split } -> std::convertible_to<std::int64_t>;
+      static_cast<bool>(o.on_split);
+      o.on_split(e);
+    };
 /// Gradient accumulation (train/accumulate.hpp).
 template <class P>
-concept AccumulationPolicy = Policy<P> && OfFamily<P, family::Accumulation> && CountsMicroBatches<P>;
+concept AccumulationPolicy = Policy<P> && OfFamily<P, family::Accumulation> && CountsMicroBatches<P> &&
+                             SplitsWithOptionsIfSplitting<P>;
 
 /// A checkpoint policy that is on says how many segments n layers are cut into:
 /// `static std::int64_t segments(std::int64_t layers, const Options&)`.

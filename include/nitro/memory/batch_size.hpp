@@ -458,6 +458,10 @@ template <RestorableLoop Loop, class Trial>
 BatchSizeResult find_max_batch_size(Loop& loop, Trial&& trial, BatchSizeOptions o) {
   static_assert(std::is_invocable_v<Trial&, std::int64_t>,
                 "find_max_batch_size(loop, trial, options): trial must be callable as trial(std::int64_t batch_size)");
+  static_assert(!requires { loop.splits_made(); },
+                "find_max_batch_size(loop, ...): this loop has accumulate::Adaptive, which splits a batch that runs "
+                "out of memory instead of failing, so every size would seem to fit; search with the same loop "
+                "type without Adaptive, or let Adaptive find its split by itself");
   if (o.model == nullptr) o.model = &loop.model();
   if (o.optimizer == nullptr) o.optimizer = &loop.optimizer();
   const auto saved = loop.state();

@@ -7,6 +7,7 @@
 // The CUDA caching allocator throws c10::OutOfMemoryError. Near the limit the CUDA libraries run out
 // first and report it their own way, as a plain c10::Error or c10::AcceleratorError:
 //   "CUDA error: out of memory"                 a kernel launch or a CUDA runtime call
+//   "CUDA driver error: out of memory"          a driver call (expandable segments map memory so)
 //   CUBLAS_STATUS_ALLOC_FAILED                  cuBLAS's workspace; CUBLAS_STATUS_NOT_INITIALIZED is
 //                                               what cublasCreate reports when it cannot allocate
 //   CUDNN_STATUS_ALLOC_FAILED*, CUDNN_STATUS_INTERNAL_ERROR*
@@ -34,8 +35,9 @@ namespace nitro::memory {
 
 namespace detail {
 /// The out-of-memory reports of the CUDA libraries and of LibTorch's CPU allocator (see the banner).
-inline constexpr std::array<std::string_view, 10> oom_markers = {
+inline constexpr std::array<std::string_view, 11> oom_markers = {
     "CUDA error: out of memory",
+    "CUDA driver error: out of memory",
     "CUDA out of memory",
     "CUBLAS_STATUS_ALLOC_FAILED",
     "CUBLAS_STATUS_NOT_INITIALIZED",

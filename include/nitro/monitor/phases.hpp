@@ -181,11 +181,10 @@ class Recorder {
     Totals totals;
     std::int64_t next_step = 0;
     bool ended = false;
-    std::chrono::steady_clock::time_point end{};
   };
   State state() {
     resolve();
-    return {ring_, head_, totals_, next_step_, ended_, end_};
+    return {ring_, head_, totals_, next_step_, ended_};
   }
   void load_state(State s) {
     NITRO_CHECK(s.ring.size() == ring_.size(), "monitor::Recorder::load_state: the state keeps ", s.ring.size(),
@@ -196,7 +195,8 @@ class Recorder {
     totals_ = s.totals;
     next_step_ = s.next_step;
     ended_ = s.ended;
-    end_ = s.end;
+    // Not the saved end: the time since then (a batch-size search) is no step's data wait.
+    end_ = Clock::now();
   }
 
   const Options& options() const noexcept { return o_; }

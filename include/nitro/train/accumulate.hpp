@@ -84,15 +84,8 @@ struct Adaptive {
   /// The loop splits its batch when memory runs out (the trait the loop checks).
   static constexpr bool splits_on_oom = true;
 
-  /// What the loop reports when it splits.
-  struct SplitEvent {
-    std::int64_t previous_split = 1;
-    std::int64_t split = 2;
-    /// Rows (size of dimension 0) of the batch that ran out of memory.
-    std::int64_t batch_rows = 0;
-    /// The out-of-memory message.
-    std::string reason;
-  };
+  /// What the loop reports when it splits (core/concepts.hpp).
+  using SplitEvent = accumulate::SplitEvent;
   struct Options {
     /// Parts to start with, >= 1 (e.g. a split remembered from an earlier run).
     std::int64_t initial_split = 1;

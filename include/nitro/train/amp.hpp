@@ -30,6 +30,7 @@
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <limits>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -146,16 +147,19 @@ inline at::Tensor unscale_by(const at::Tensor& scale, GradGroups& grads) {
 }
 
 /// found_inf without touching the gradients: a float32 scalar on `device`, 1 when a gradient holds
-/// inf or NaN. One read pass (fused L1 norms in float32, per device and dtype), no write. A total
-/// absolute sum past float32's range (3.4e38) also counts as non-finite.
+/// inf or NaN. One read pass (fused infinity norms, in the gradients' own dtype, per device and dtype:
+/// NaN propagates through them, and no sum can overflow), no write.
 inline at::Tensor nonfinite_flag(GradGroups& groups, c10::Device device) {
-  at::Tensor total;
+  at::Tensor any;
   groups.for_each([&](GradGroups::Group& g) {
-    auto sum = at::stack(at::_foreach_norm(g.grads, 1, at::kFloat)).sum().to(device, /*non_blocking=*/true);
-    total = total.defined() ? total.add(sum) : sum;
+    auto bad = at::isfinite(at::stack(at::_foreach_norm(g.grads, std::numeric_limits<double>::infinity())))
+                   .logical_not()
+                   .any()
+                   .to(device, /*non_blocking=*/true);
+    any = any.defined() ? any.logical_or(bad) : bad;
   });
-  if (!total.defined()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
-  return at::isfinite(total).logical_not().to(at::kFloat);
+  if (!any.defined()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
+  return any.to(at::kFloat);
 }
 
 }  // namespace detail

@@ -21,10 +21,10 @@
 // Where the policy applies: with a torch::nn::Sequential model and a loss function that takes the
 // forward, `[&](auto& forward, auto& b) { return loss(forward(b.data), b.target); }`, the loop runs
 // the Sequential under the policy. Any other model applies it in its own forward with
-// checkpoint::sequential(blocks_, x) or checkpoint::block(fn, x). A step in which nothing was
-// checkpointed although the policy is on (a Sequential called directly by a one-argument loss
-// function, a custom model that never calls the two) throws nitro::Error before its backward:
-// memory savings are never lost silently.
+// checkpoint::sequential(blocks_, x) or checkpoint::block(fn, x). A step in which the model's forward
+// never took the policy (a Sequential called directly by a one-argument loss function, a custom model
+// that never calls the two) throws nitro::Error before its backward: memory savings are never lost
+// silently. Under no_grad these run plainly (there are no activations to save).
 //
 // The recomputation replays the forward exactly: it restores the CPU RNG state, the RNG state of
 // every CUDA device the inputs live on, and the autocast state of the forward, so dropout masks and
@@ -129,8 +129,10 @@ struct CheckpointContext {
   /// The policy's segments(layers, options).
   std::int64_t (*segments)(std::int64_t layers, const void* options) = nullptr;
   const void* options = nullptr;
-  /// checkpoint::run calls since the context was set: the loop checks that the policy acted.
-  std::int64_t checkpointed = 0;
+  /// Times the model's forward took the policy since the context was set (checkpoint::run,
+  /// sequential(layers, x) and block() with grad mode on, the loop's own forward of a Sequential):
+  /// the loop checks that it did.
+  std::int64_t consulted = 0;
 };
 inline thread_local CheckpointContext* checkpoint_context = nullptr;
 
@@ -235,6 +237,9 @@ auto run(Fn&& fn, const Tensors&... inputs) {
     }
   };
   std::vector<at::Tensor> args{inputs...};
+  for (std::size_t i = 0; i < args.size(); ++i)
+    NITRO_CHECK(args[i].defined(), "nitro::checkpoint::run(fn, inputs...): input ", i, " is an undefined tensor; "
+                "pass defined tensors only (capture an optional one in fn)");
   // With no input requiring grad, autograd would never call backward and the parameters inside fn
   // would get no gradient: an empty float tensor that requires grad keeps the node in the graph
   // (float whatever the inputs are: an integer tensor cannot require grad).
@@ -246,7 +251,8 @@ auto run(Fn&& fn, const Tensors&... inputs) {
   }
   if (!any && at::GradMode::is_enabled())
     args.push_back(at::empty({0}, at::TensorOptions().dtype(at::kFloat).device(device.value_or(c10::kCPU))).requires_grad_());
-  if (auto* context = nitro::detail::checkpoint_context) ++context->checkpointed;
+  if (auto* context = nitro::detail::checkpoint_context; context != nullptr && at::GradMode::is_enabled())
+    ++context->consulted;
   auto outputs = nitro::detail::CheckpointFunction::apply(state, at::TensorList(args));
   if constexpr (std::is_same_v<Result, at::Tensor>) {
     return outputs.at(0);
@@ -292,10 +298,13 @@ static_assert(CheckpointPolicy<Off> && CheckpointPolicy<Segments<4>> && Checkpoi
 }  // namespace checkpoint
 namespace detail {
 
-/// The layers of a torch::nn::Sequential holder, or the range itself.
+template <class T>
+inline constexpr bool always_false = false;
+
+/// The layers of a module holder (torch::nn::Sequential), or the range itself.
 template <class Layers>
 decltype(auto) layer_range(Layers& layers) {
-  if constexpr (std::is_same_v<std::remove_cv_t<Layers>, torch::nn::Sequential>) {
+  if constexpr (!requires { std::begin(layers); } && requires { (*layers).begin(); }) {
     return (*layers);
   } else {
     return (layers);
@@ -306,8 +315,14 @@ template <class Layer>
 at::Tensor call_layer(Layer& layer, const at::Tensor& x) {
   if constexpr (requires { layer.forward(x); }) {
     return layer.forward(x);
-  } else {
+  } else if constexpr (requires { layer->forward(x); }) {
     return layer->forward(x);
+  } else {
+    static_assert(always_false<Layer>,
+                  "nitro::checkpoint::sequential(layers, ...): a layer has no forward(at::Tensor) to call; a "
+                  "torch::nn::ModuleList holds plain torch::nn::Module pointers, which have none: keep the blocks "
+                  "in a std::vector of their holder type (std::vector<MyBlock>) or in a torch::nn::Sequential");
+    return x;
   }
 }
 /// Runs layers [begin, end) in order.
@@ -345,7 +360,8 @@ at::Tensor sequential(Layers& layers, std::int64_t segments, const at::Tensor& i
   return nitro::detail::run_range(range, begin, n, x);
 }
 
-/// Whether the TrainingLoop running this forward on this thread has a checkpoint policy on.
+/// Whether the TrainingLoop running this forward on this thread has a checkpoint policy on (false in
+/// evaluation, in a loop with checkpoint::Off, and inside a function being checkpointed).
 inline bool active() noexcept { return nitro::detail::checkpoint_context != nullptr; }
 
 /// `layers` cut into as many segments as the running TrainingLoop's checkpoint policy asks for
@@ -357,7 +373,10 @@ at::Tensor sequential(Layers& layers, const at::Tensor& input) {
   auto* context = nitro::detail::checkpoint_context;
   auto& range = nitro::detail::layer_range(layers);
   const auto n = static_cast<std::int64_t>(std::distance(std::begin(range), std::end(range)));
-  if (context == nullptr) return nitro::detail::run_range(range, 0, static_cast<std::size_t>(n), input);
+  // Without gradients there are no activations to save: a plain call (an evaluation, a teacher).
+  if (context == nullptr || !at::GradMode::is_enabled())
+    return nitro::detail::run_range(range, 0, static_cast<std::size_t>(n), input);
+  ++context->consulted;  // even when the policy asks for one segment, which checkpoints nothing
   return sequential(layers, context->segments(n, context->options), input);
 }
 
@@ -366,7 +385,7 @@ at::Tensor sequential(Layers& layers, const at::Tensor& input) {
 ///   x = nitro::checkpoint::block([this](const at::Tensor& x) { return features(x); }, x);
 template <class Fn, class... Tensors>
 auto block(Fn&& fn, const Tensors&... inputs) {
-  if (!active()) return std::invoke(fn, inputs...);
+  if (!active() || !at::GradMode::is_enabled()) return std::invoke(fn, inputs...);
   return run(std::forward<Fn>(fn), inputs...);
 }
 

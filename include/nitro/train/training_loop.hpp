@@ -23,7 +23,7 @@
 // its first argument, `[&](auto& forward, auto& b) { return loss(forward(b.data), b.target); }`: the
 // loop then runs the Sequential under the checkpoint policy. Any other model applies the policy in its
 // own forward with nitro::checkpoint::sequential(blocks, x) or checkpoint::block(fn, x) (see
-// train/checkpoint.hpp). A step in which the policy checkpointed nothing throws nitro::Error.
+// train/checkpoint.hpp). A step whose model never took the policy throws nitro::Error.
 //
 // A monitor policy (monitor::Phases from monitor/phases.hpp) is told when each phase of a step ends;
 // loop.monitor() gives its figures. monitor::Off, the default, is never called.
@@ -114,6 +114,22 @@ Batch batch_slice(const Batch& batch, std::int64_t rows, std::int64_t begin, std
   return nitro::map_tensors(batch, [&](const at::Tensor& t) {
     return t.defined() && t.dim() >= 1 && t.size(0) == rows ? t.narrow(0, begin, count) : t;
   });
+}
+
+template <class Amp>
+typename scaler_of<Amp>::type make_scaler(const typename Amp::Options& options) {
+  if constexpr (Amp::scales_loss) {
+    return typename Amp::scaler_type(options);
+  } else {
+    return {};
+  }
+}
+
+/// The device of the optimizer's first parameter; the CPU when it has none (the loop then refuses it).
+inline c10::Device first_parameter_device(torch::optim::Optimizer& optimizer) {
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) return p.device();
+  return c10::Device(c10::kCPU);
 }
 
 template <class P>
@@ -238,6 +254,9 @@ class TrainingLoop {
   /// the accumulation window is full. `loss_fn(batch)` (or `loss_fn(forward, batch)` with a
   /// Sequential model) must return a scalar tensor.
   ///
+  /// A step that throws (in the loss function, the backward or the optimizer step) leaves no
+  /// half-done window: the gradients of the window are dropped and the next step() starts a new one.
+  ///
   /// accumulate::Adaptive: the batch is one optimizer step; it is split along dimension 0 of its
   /// tensors when the forward or backward runs out of memory (the loss function must then return a
   /// mean over the rows). An optimizer step that fails (out of memory while Adam makes its state, or
@@ -251,10 +270,16 @@ class TrainingLoop {
     [[maybe_unused]] std::int64_t rows = -1;
     if constexpr (detail::SplitsOnOom<Accumulation> || monitor_policy::enabled) rows = detail::batch_rows(batch);
     StepResult result;
-    if constexpr (detail::SplitsOnOom<Accumulation>) {
-      result.loss = split_forward_backward(batch, rows, loss_fn);
-    } else {
-      result.loss = forward_backward(batch, loss_fn, Accumulation::enabled ? static_cast<double>(window_) : 1.0);
+    try {
+      if constexpr (detail::SplitsOnOom<Accumulation>) {
+        result.loss = split_forward_backward(batch, rows, loss_fn);
+      } else {
+        result.loss = forward_backward(batch, loss_fn, Accumulation::enabled ? static_cast<double>(window_) : 1.0);
+      }
+    } catch (...) {
+      // A backward that failed midway has added part of its gradient: no window survives it.
+      drop_window();
+      throw;
     }
     ++micro_;
     if (micro_ >= window_) optimizer_step(result);
@@ -384,7 +409,11 @@ class TrainingLoop {
  private:
   struct Forward {
     TrainingLoop* loop;
-    at::Tensor operator()(const at::Tensor& x) const { return loop->forward(x); }
+    at::Tensor operator()(const at::Tensor& x) const {
+      // Counted here, not by the thread-local context: the loss function may call it on any thread.
+      if (loop->context_ != nullptr) ++loop->context_->consulted;
+      return loop->forward(x);
+    }
   };
 
   static std::int64_t checkpoint_segments(std::int64_t layers, const void* options) {
@@ -402,9 +431,15 @@ class TrainingLoop {
         // The model's own forward sees the policy (checkpoint::sequential(blocks, x), checkpoint::block).
         detail::CheckpointContext context{&checkpoint_segments, &o_.checkpoint};
         detail::CheckpointContextScope scope(&context);
+        context_ = &context;
+        struct Clear {
+          TrainingLoop* loop;
+          ~Clear() { loop->context_ = nullptr; }
+        } clear{this};
         loss = call(loss_fn, batch);
-        NITRO_CHECK(context.checkpointed > 0, "TrainingLoop with checkpoint::", Checkpoint::name,
-                    ": this step checkpointed nothing, so it saved no memory. ",
+        NITRO_CHECK(context.consulted > 0 || !at::GradMode::is_enabled(), "TrainingLoop with checkpoint::",
+                    Checkpoint::name, ": the model's forward never took the checkpoint policy in this step, so "
+                    "the step saved no memory. ",
                     sequential_ != nullptr
                         ? "The model is a torch::nn::Sequential: let the loss function take its forward, "
                           "[&](auto& forward, auto& b) { return loss(forward(b.data), b.target); }, and call that "
@@ -413,6 +448,8 @@ class TrainingLoop {
                           "or nitro::checkpoint::block(fn, x) in its forward (train/checkpoint.hpp)",
                     "; or use checkpoint::Off");
       } else {
+        // A loop without checkpointing hides an enclosing loop's policy from its own model.
+        detail::CheckpointContextScope scope(nullptr);
         loss = call(loss_fn, batch);
       }
     }
@@ -460,7 +497,7 @@ class TrainingLoop {
         split_ = std::min(parts * 2, limit);
         ++splits_made_;
         if (o_.accumulate.on_split)
-          o_.accumulate.on_split({previous, split_, rows, std::string(memory::error_message(e))});
+          o_.accumulate.on_split(accumulate::SplitEvent{previous, split_, rows, std::string(memory::error_message(e))});
       }
     }
   }
@@ -488,16 +525,21 @@ class TrainingLoop {
     window_ = Accumulation::steps(o_.accumulate);
     if constexpr (detail::SplitsOnOom<Accumulation>) split_ = o_.accumulate.initial_split;
     if constexpr (clip_policy::enabled) clip_policy::validate(o_.clip);
-    // One concrete device (cuda:1, not "the current one"): the monitor's events and memory figures
-    // are of the device the model is on, whatever device is current when a step runs.
-    device_ = params_.front().device();
-    if constexpr (monitor_policy::enabled) monitor_ = typename monitor_policy::Recorder(o_.monitor, device_);
     if constexpr (Amp::enabled) {
       NITRO_CHECK(compat::autocast_available(device_.type()), "TrainingLoop: amp::", Amp::name,
                   " needs autocast, which LibTorch does not offer on ", c10::DeviceTypeName(device_.type()),
                   "; use amp::Off there");
     }
-    if constexpr (Amp::scales_loss) scaler_ = typename Amp::scaler_type(o_.amp);
+  }
+
+  // No half-done window survives a failed step.
+  void drop_window() noexcept {
+    grads_.release();
+    try {
+      optimizer_->zero_grad(/*set_to_none=*/true);
+    } catch (...) {  // zero_grad does not throw in practice; the original error matters more
+    }
+    micro_ = 0;
   }
 
   void optimizer_step(StepResult& result) {
@@ -524,10 +566,7 @@ class TrainingLoop {
       result.stepped = !skip;
       result.skipped = skip;
     } catch (...) {
-      // No half-done window survives a failed step: the next step() starts a new one.
-      grads_.release();
-      optimizer_->zero_grad(/*set_to_none=*/true);
-      micro_ = 0;
+      drop_window();
       throw;
     }
     micro_ = 0;
@@ -539,14 +578,18 @@ class TrainingLoop {
   Options o_;
   std::vector<at::Tensor> params_;
   detail::GradGroups grads_;
-  c10::Device device_{c10::kCPU};
+  // One concrete device (cuda:1, not "the current one"), the first parameter's: the monitor's events
+  // and memory figures are of the device the model is on, whatever device is current in a step.
+  c10::Device device_ = detail::first_parameter_device(*optimizer_);
   std::int64_t window_ = 1;
   std::int64_t micro_ = 0;
   std::int64_t steps_ = 0;
   std::int64_t skipped_ = 0;
   std::int64_t split_ = 1;
   std::int64_t splits_made_ = 0;
-  [[no_unique_address]] typename detail::scaler_of<Amp>::type scaler_{};
+  detail::CheckpointContext* context_ = nullptr;  // during the loss function, with checkpointing on
+  // Each built once, in place: a user's scaler or recorder needs no default constructor or assignment.
+  [[no_unique_address]] typename detail::scaler_of<Amp>::type scaler_ = detail::make_scaler<Amp>(o_.amp);
   [[no_unique_address]] typename monitor_policy::Recorder monitor_{o_.monitor, device_};
 };
 
