@@ -14,7 +14,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <cstdint>
 #include <map>
+#include <mutex>
+#include <numeric>
 #include <random>
 #include <set>
 #include <thread>
@@ -302,6 +306,57 @@ TEST_CASE("a sharded cache of one, two or 4096 shards keeps every key and splits
   const auto over_half = torch::zeros({600});  // 2400 bytes of 4000
   CHECK(ShardedCache_mt<evict::Lru>({.capacity_bytes = 4000, .shards = 1}).put(1, over_half));
   CHECK_FALSE(ShardedCache_mt<evict::Lru>({.capacity_bytes = 4000, .shards = 2}).put(1, over_half));
+}
+
+namespace {
+// A hash that keeps Cache's contract (well mixed in its low bits: here the identity on the low 32)
+// and no more: its high 32 bits are always 0.
+struct Low32Hash {
+  std::uint64_t operator()(const std::int64_t& key) const noexcept {
+    return static_cast<std::uint64_t>(key) & 0xffffffffULL;
+  }
+};
+}  // namespace
+
+// The shard was once the top bits of the hash as it came, so a hash mixed only in its low bits put
+// every key in one shard (8 of 64 entries held in a budget that fits 64).
+TEST_CASE_TEMPLATE("a sharded cache spreads the keys over its shards for any hash mixed in its low bits", H,
+                   Low32Hash, cache::KeyHash<std::int64_t>) {
+  constexpr std::int64_t n = 1024;
+  constexpr std::size_t shards = 8;
+  constexpr std::size_t share = n / shards;  // entries of unit weight
+  using Sharded = ShardedCache<evict::Lru, std::int64_t, int, One, std::mutex, H>;
+
+  // Twice the room: each shard fits twice its share, so every key stays; all in one shard would keep
+  // only 2 * share of them.
+  Sharded roomy{{.capacity_bytes = 2 * n, .shards = shards}};
+  for (std::int64_t k = 0; k < n; ++k) roomy.put(k, 0);
+  CHECK(roomy.size() == n);
+  CHECK(roomy.stats().evictions == 0);
+
+  // Exactly the room: a shard keeps min(its keys, share), so the count held is n less the shards'
+  // overflow. For keys spread at random each shard's count X is Binomial(n, 1/8), and the count held
+  // is 8 E[min(X, share)], computed here exactly from X's distribution. The bound is 4 standard
+  // deviations of a sum of 8 independent such terms, more than the true spread: the shards' counts
+  // sum to n, so they overflow together less often than independent ones would.
+  Sharded exact{{.capacity_bytes = n, .shards = shards}};
+  for (std::int64_t k = 0; k < n; ++k) exact.put(k, 0);
+  const double q = 1.0 / shards;
+  double p = std::pow(1 - q, n), mean = 0, square = 0;  // p: P(X = x)
+  for (std::int64_t x = 0; x <= n; ++x) {
+    const double kept = static_cast<double>(std::min<std::int64_t>(x, share));
+    mean += p * kept;
+    square += p * kept * kept;
+    p *= static_cast<double>(n - x) / static_cast<double>(x + 1) * q / (1 - q);
+  }
+  const double expected = shards * mean, deviation = std::sqrt(shards * (square - mean * mean));
+  CAPTURE(expected);
+  CAPTURE(deviation);
+  // By hand, X near normal: 8 (share - sigma / sqrt(2 pi)) with sigma = sqrt(n q (1 - q)) = 10.58 is 990.2.
+  CHECK(expected == doctest::Approx(990.25).epsilon(0.001));
+  const auto held = static_cast<double>(exact.size());
+  CHECK(held >= expected - 4 * deviation);
+  CHECK(held <= static_cast<double>(n));
 }
 
 // ---- concurrency (also run under the tsan preset) -----------------------------------------------------

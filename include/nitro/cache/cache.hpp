@@ -356,7 +356,9 @@ class Cache {
 
 /// A cache split into independent shards by key hash, each with its own lock and an equal share of
 /// the budget, so concurrent readers rarely wait on each other. A value larger than one shard's share
-/// is refused. Policies that need the global access order (Clairvoyant) cannot be sharded.
+/// is refused. Policies that need the global access order (Clairvoyant) cannot be sharded. The
+/// template parameters are Cache's; any Hash that keeps Cache's contract (well mixed in its low bits)
+/// spreads the keys over the shards, as the shard is picked from the hash remixed.
 template <EvictionPolicy Policy, class Key = std::int64_t, class Value = at::Tensor, class Weigher = TensorBytes,
           class Lock = std::mutex, class Hash = cache::KeyHash<Key>>
 class ShardedCache {
@@ -430,12 +432,20 @@ class ShardedCache {
     Shard cache;
   };
   static constexpr std::size_t max_shards = 4096;
-  // The top 12 bits of the hash, masked, pick the shard (the shard's index uses the low bits of the
-  // same hash). A fixed shift rather than `>> (64 - log2 n)`: one shard would shift by 64, which is
-  // undefined (x86 shifts by 0 and indexes out of range); the mask of one shard is 0.
+  // The top 12 bits of the hash remixed, masked, pick the shard. Hash is only asked to be well mixed
+  // in its low bits (the shard's own index uses them, unchanged), so its high bits may be constant:
+  // taken as they were, a hash mixed in its low 32 bits put every key in one shard. The remix
+  // (splitmix64's finaliser, not KeyHash's murmur3 one again) spreads every bit over the top ones. A
+  // fixed shift rather than `>> (64 - log2 n)`: one shard would shift by 64, which is undefined (x86
+  // shifts by 0 and indexes out of range); the mask of one shard is 0.
   static constexpr int shard_shift = 64 - std::countr_zero(max_shards);
+  static constexpr std::uint64_t remix(std::uint64_t x) noexcept {
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  }
   Shard& shard(const Key& key) const {
-    return shards_[static_cast<std::size_t>(Hash{}(key) >> shard_shift) & mask_]->cache;
+    return shards_[static_cast<std::size_t>(remix(Hash{}(key)) >> shard_shift) & mask_]->cache;
   }
   template <class F>
   std::size_t sum(F f) const {

@@ -592,6 +592,20 @@ using DiskTier = BasicDiskTier<std::int64_t>;
 
 // ---- TieredCache -----------------------------------------------------------------------------------
 
+namespace cache {
+/// A value of TieredCache's memory tier: the tensor, and the version it holds it under (the clock
+/// value of the put that wrote it, or for a value read back from disk the key's stamp then). A spill
+/// of an evicted value goes by it: it is written only while no put or erase has touched the key since.
+struct VersionedTensor {
+  at::Tensor value;
+  std::uint64_t version = 0;
+};
+/// The memory tier's weigher: the tensor's bytes, as TensorBytes counts them (the version is books).
+struct VersionedTensorBytes {
+  std::int64_t operator()(const VersionedTensor& v) const { return TensorBytes{}(v.value); }
+};
+}  // namespace cache
+
 /// Both tiers' statistics. Every get() is one memory hit or miss, and every memory miss is one disk
 /// hit or miss: memory.misses == disk.hits + disk.misses.
 struct TieredCacheStats {
@@ -623,12 +637,20 @@ struct TieredCacheStats {
 ///    never wait on each other. An evicted key of the same stripe is spilled at once, still under it.
 ///  - clear() takes every stripe.
 ///
+/// Versions: every put of k takes a version from a clock and stamps it on k's slot (one of 4096, by
+/// hash; an erase stamps too), both under k's stripe, and memory holds the value with its version. A
+/// spill done later under another stripe is written only when the slot's stamp still equals the
+/// value's version (no put or erase of the slot since) and the value is newer than the last clear().
+///
 /// Guarantees: a value erased or replaced never comes back. Once put(k, v) has returned, get(k) gives
 /// v, a later put's value, or nothing; once erase(k) has returned, a later put's value or nothing. A
-/// spill that finds a put or erase of its key finished since the eviction is dropped (the value may
-/// be stale then). A get racing a put of the same key or the spill of its value may miss: a cache
-/// miss, never a wrong value. A disk hit that memory refuses (NoEvict when full) stays in its file,
-/// not written again; one that memory keeps leaves the disk.
+/// value that was neither replaced nor erased is not dropped by a concurrent eviction: it is in memory,
+/// or its spill is written (unless the disk tier refuses it or evicts it for room). The one exception
+/// is a put or erase of another key of the same slot (1 key in 4096 shares it) between the eviction
+/// and the spill, which drops the spill: a later miss, never a wrong value. A get racing a put of the
+/// same key or the spill of its value may miss: a cache miss, never a wrong value. A disk hit that
+/// memory refuses (NoEvict when full) stays in its file, not written again; one that memory keeps
+/// leaves the disk.
 ///
 ///   nitro::TieredCache<nitro::evict::Lru> cache{{.memory_capacity_bytes = 1ull << 30,
 ///                                                .disk = {.directory = "/tmp/spill", .capacity_bytes = 8ull << 30}}};
@@ -637,7 +659,9 @@ struct TieredCacheStats {
 template <EvictionPolicy Policy, class Lock = std::mutex>
 class TieredCache {
  public:
-  using memory_type = Cache<Policy, std::int64_t, at::Tensor, TensorBytes, Lock>;
+  /// The memory tier: its values are the tensors with the versions the spills go by
+  /// (cache::VersionedTensor), weighed by their tensors' bytes.
+  using memory_type = Cache<Policy, std::int64_t, cache::VersionedTensor, cache::VersionedTensorBytes, Lock>;
   using disk_type = DiskTier;
 
   struct Options {
@@ -667,18 +691,17 @@ class TieredCache {
     check_spillable(value);
     const std::size_t slot = slot_of(key);
     Removed removed;
-    std::uint64_t since = 0;
     bool held = false;
     {
       std::lock_guard guard(stripes_[stripe_of(slot)].lock);
       disk_.erase(key);  // memory holds the new value now, or refuses it and it is written below
-      since = clock_.load(std::memory_order_relaxed);
-      const bool kept = memory_.put(key, std::move(value), removed);
-      stamp(slot);
+      // Stamped before the memory put, so the value goes in with its version; no spill of this slot
+      // can look at the stamp in between, as spills take the stripe held here.
+      const bool kept = memory_.put(key, {std::move(value), stamp(slot)}, removed);
       spill_in_stripe(removed, stripe_of(slot));  // `value` itself when memory refused it
       held = kept || disk_.contains(key);
     }
-    spill_in_other_stripes(removed, stripe_of(slot), since);
+    spill_in_other_stripes(removed, stripe_of(slot));
     return held;
   }
 
@@ -686,25 +709,25 @@ class TieredCache {
   /// memory keeps it, else left in its file as it is), else nothing.
   ///   if (auto t = cache.get(i)) use(*t);
   [[nodiscard]] std::optional<at::Tensor> get(std::int64_t key) {
-    if (auto hit = memory_.get(key)) return hit;
+    if (auto hit = memory_.get(key)) return std::move(hit->value);
     const std::size_t slot = slot_of(key);
     Removed removed;
-    std::uint64_t since = 0;
     std::optional<at::Tensor> value;
     {
       std::lock_guard guard(stripes_[stripe_of(slot)].lock);
       value = disk_.load(key);
       if (!value || static_cast<std::size_t>(TensorBytes{}(*value)) > memory_.capacity()) return value;
-      since = clock_.load(std::memory_order_relaxed);
       // Memory first, then the file goes: memory shadows disk for a key it holds, so a get in
-      // between reads the same value. Not stamped: the value moves, it does not change.
-      if (memory_.put(key, *value, removed)) disk_.erase(key);
+      // between reads the same value. Not stamped: the value moves, it does not change, so it keeps
+      // the slot's stamp as its version and a later spill of it is written unless the slot is
+      // written first.
+      if (memory_.put(key, {*value, write_stamps_[slot]}, removed)) disk_.erase(key);
       // Refused: its file already holds it. Writing it again is what made every disk hit of a full
       // NoEvict tier a file write.
       std::erase_if(removed, [&](const auto& r) { return std::get<0>(r) == key; });
       spill_in_stripe(removed, stripe_of(slot));
     }
-    spill_in_other_stripes(removed, stripe_of(slot), since);
+    spill_in_other_stripes(removed, stripe_of(slot));
     return value;
   }
 
@@ -736,7 +759,9 @@ class TieredCache {
     memory_.reset_stats();
     disk_.reset_stats();
   }
-  /// The tiers, to inspect; change them through the TieredCache only.
+  /// The tiers, to inspect (size, bytes, contains, stats); change them through the TieredCache only.
+  /// The memory tier's values are cache::VersionedTensor (the tensor and its version): read values
+  /// through get().
   [[nodiscard]] const memory_type& memory() const noexcept { return memory_; }
   [[nodiscard]] const disk_type& disk() const noexcept { return disk_; }
 
@@ -773,33 +798,38 @@ class TieredCache {
   }
   static std::size_t stripe_of(std::size_t slot) noexcept { return slot / slots_per_stripe; }
 
-  // Stamps a key's slot once a put or erase of it has changed memory, under the key's stripe. A
-  // thread that evicts k2 read `clock_` (its `since`) before the memory put that evicted it; a put or
-  // erase of k2 that comes after the eviction changes memory after it (the memory tier's lock orders
-  // the two) and stamps after that, so its stamp is above `since` and the stale spill is dropped.
-  // Relaxed is enough: that lock already orders the read before the increment.
-  void stamp(std::size_t slot) noexcept {
-    write_stamps_[slot] = clock_.fetch_add(1, std::memory_order_relaxed) + 1;
+  // Stamps a key's slot with a new version for a put or erase of it, under the key's stripe, and
+  // returns it. Each stamp is a new clock value, so a slot never gets an old stamp back: an evicted
+  // value whose version still equals its slot's stamp was written by the last put of the slot (or
+  // read back from disk since), and nothing has replaced or erased it. Deciding by equality rather
+  // than by a clock read before the eviction is what keeps a value put just before another thread's
+  // eviction: that thread's clock read once came before the put's stamp, and the value was dropped.
+  // Relaxed is enough: the stamps are read and written under the stripe's lock, and the versions
+  // travel through the memory tier's.
+  std::uint64_t stamp(std::size_t slot) noexcept {
+    return write_stamps_[slot] = clock_.fetch_add(1, std::memory_order_relaxed) + 1;
   }
 
   // Spills the entries of `removed` in the stripe the caller holds and has held since before the
-  // memory put that removed them, so no put or erase of their keys can have come in between.
+  // memory put that removed them, so no put or erase of their keys can have come in between and each
+  // is its key's latest value. Not checked against the stamps: the caller's own put may have stamped
+  // a slot one of them shares, which would drop it for nothing.
   void spill_in_stripe(const Removed& removed, std::size_t held) {
-    for (const auto& [key, value, cause] : removed)
-      if (stripe_of(slot_of(key)) == held) disk_.store(key, value);
+    for (const auto& [key, entry, cause] : removed)
+      if (stripe_of(slot_of(key)) == held) disk_.store(key, entry.value);
   }
 
   // Spills the other entries, each under its key's stripe, taken after the caller released its own.
-  // An entry whose slot was stamped after `since` (the clock before the memory put that evicted it)
-  // is dropped: a put or erase of its key may have finished since, and the value may be stale. A put
-  // or erase of another key of the slot (1 key in 4096 shares it) drops it too: a later miss, never
-  // a wrong value.
-  void spill_in_other_stripes(const Removed& removed, std::size_t held, std::uint64_t since) {
-    for (const auto& [key, value, cause] : removed) {
+  // An entry whose slot's stamp no longer equals its version is dropped: a put or erase of its key
+  // has come since the value went into memory, and the value is stale. A put or erase of another
+  // key of the slot (1 key in 4096 shares it) drops it too: a later miss, never a wrong value. An
+  // entry not newer than the last clear() is dropped: clear() leaves the stamps as they are.
+  void spill_in_other_stripes(const Removed& removed, std::size_t held) {
+    for (const auto& [key, entry, cause] : removed) {
       const std::size_t slot = slot_of(key);
       if (stripe_of(slot) == held) continue;
       std::lock_guard guard(stripes_[stripe_of(slot)].lock);
-      if (write_stamps_[slot] <= since && cleared_ <= since) disk_.store(key, value);
+      if (write_stamps_[slot] == entry.version && entry.version > cleared_) disk_.store(key, entry.value);
     }
   }
 
@@ -822,7 +852,7 @@ class TieredCache {
   memory_type memory_;
   std::array<Stripe, stripe_count> stripes_;
   std::atomic<std::uint64_t> clock_{0};                // counts puts, erases and clears
-  std::unique_ptr<std::uint64_t[]> write_stamps_;      // [slot]: clock_ after the slot's last put or erase
+  std::unique_ptr<std::uint64_t[]> write_stamps_;      // [slot]: the version of the slot's last put or erase
   std::uint64_t cleared_ = 0;                          // clock_ after the last clear(); under every stripe
 };
 
