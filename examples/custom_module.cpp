@@ -65,12 +65,12 @@ Row train(const std::string& name, const Args& args, std::int64_t micro, typenam
   torch::manual_seed(1);  // the same weights and sample order for every level
   LeNet model;
   model->to(device);
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.5));
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   nitro::hw::ScopedSettings hw{nitro::level::hardware<Loop>()};
   Loop loop{model, optimizer, options};
 
   const nitro::data::SyntheticImages::Options data{.size = args.samples, .channels = 1, .height = 28, .width = 28,
-                                                   .block = 4, .noise = 4.0};
+                                                   .block = 4, .noise = 2.0};
   nitro::data::SyntheticImages train_set{data};
   auto loader = torch::data::make_data_loader<torch::data::samplers::RandomSampler>(
       train_set.map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(micro).workers(2));
@@ -96,7 +96,7 @@ Row train(const std::string& name, const Args& args, std::int64_t micro, typenam
   model->eval();
   torch::NoGradGuard no_grad;
   nitro::data::SyntheticImages test_set{{.size = 1024, .offset = args.samples, .channels = 1, .height = 28, .width = 28,
-                                         .block = 4, .noise = 4.0}};
+                                         .block = 4, .noise = 2.0}};
   const auto [tx, ty] = test_set.stacked(0, 1024);
   row.accuracy = model->forward(tx.to(device)).argmax(1).eq(ty.to(device)).to(torch::kDouble).mean().item<double>();
   return row;

@@ -662,7 +662,7 @@ TEST_CASE_TEMPLATE("TieredCache threads never read a value older than the last p
 // last and did not erase must be found once all have joined. Memory holds one value, so every put
 // and promotion evicts the value another thread put just before; threads that only look keys up keep
 // the memory tier's lock busy, so a writer often waits for it between reading the clock and its put.
-// Rounds are repeated for at least a second (at most 8 rounds): the old code lost 13 to 60 of the
+// Rounds are repeated for at least a second (at most 8 rounds): the old code lost 13 to 64 of the
 // 400 keys a round on a disk file system, but only 0 to 20 on a tmpfs, where a round is 4 x faster.
 TEST_CASE_TEMPLATE("TieredCache loses no value that was neither replaced nor erased while other threads evict it", P,
                    nitro::evict::Lru, nitro::evict::S3Fifo) {
