@@ -6,13 +6,17 @@
 #   make test PRESET=asan     the same with another preset: release, asan, tsan (build-<preset>/)
 #   make plot            draw the metrics files of the last `make demo` into a PNG
 #   make bench           release build of bench/ only, run every benchmark
+#   make sanitize        the unit tests under asan (address + undefined behaviour) and the concurrency
+#                        tests (prefetcher and sampler, cache, snapshots) under tsan; builds only the
+#                        test programs they run (build-asan/, build-tsan/). CI runs it after `make test`
+#   make fuzz            the snapshot reader's libFuzzer target for FUZZ_SECONDS (60)
 #   make clean
 PRESET ?= dev
 JOBS ?= $(shell nproc)
 BUILD := $(if $(filter dev,$(PRESET)),build,build-$(PRESET))
 DEPS := build/deps.cmake
 
-.PHONY: test demo plot bench build configure deps clean
+.PHONY: test demo plot bench build configure deps clean sanitize fuzz
 .DEFAULT_GOAL := test
 
 deps:
@@ -47,6 +51,21 @@ bench:
 	$(MAKE) configure PRESET=release
 	cmake --build --preset release -j $(JOBS) --target nitro_benchmarks
 	@for b in build-release/bench/bench_*; do [ -x "$$b" ] && "$$b"; done; true
+
+ASAN_AREAS := core hw data train memory monitor io cache
+TSAN_AREAS := data cache io
+space := $(empty) $(empty)
+sanitize:
+	$(MAKE) configure PRESET=asan
+	cmake --build --preset asan -j $(JOBS) --target $(addprefix test_,$(ASAN_AREAS))
+	ctest --preset asan -j $(JOBS) -L '^($(subst $(space),|,$(ASAN_AREAS)))$$'
+	$(MAKE) configure PRESET=tsan
+	cmake --build --preset tsan -j $(JOBS) --target $(addprefix test_,$(TSAN_AREAS))
+	ctest --preset tsan -j $(JOBS) -L '^($(subst $(space),|,$(TSAN_AREAS)))$$'
+
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	tests/fuzz/run.sh $(FUZZ_SECONDS)
 
 clean:
 	rm -rf build build-*

@@ -10,6 +10,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include "child.hpp"
+
 #include <torch/cuda.h>
 
 #include <cstdio>
@@ -39,6 +41,8 @@ std::string named_case(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // `--nitro-child <name> args...`: a test's second process (tests/child.hpp), not doctest.
+  if (const int code = nitro::test::run_child_main(argc, argv); code >= 0) return code;
   doctest::Context context;
   context.applyCommandLine(argc, argv);
   const bool gpu = torch::cuda::is_available();

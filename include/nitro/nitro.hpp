@@ -8,8 +8,12 @@
 #include <nitro/core/config.hpp>
 #include <nitro/core/device.hpp>
 #include <nitro/core/error.hpp>
+#include <nitro/core/state_dict.hpp>
 
 #include <nitro/hw/settings.hpp>
+
+#include <nitro/io/file.hpp>
+#include <nitro/io/snapshot.hpp>
 
 #include <nitro/memory/batch_size.hpp>
 #include <nitro/memory/monitor.hpp>
@@ -20,6 +24,7 @@
 #include <nitro/train/amp.hpp>
 #include <nitro/train/checkpoint.hpp>
 #include <nitro/train/clip.hpp>
+#include <nitro/train/hooks.hpp>
 #include <nitro/train/levels.hpp>
 #include <nitro/train/training_loop.hpp>
 
@@ -37,6 +42,7 @@
 
 #include <nitro/data/pinned_pool.hpp>
 #include <nitro/data/prefetcher.hpp>
+#include <nitro/data/sampler.hpp>
 #include <nitro/data/source.hpp>
 #include <nitro/data/synthetic.hpp>
 

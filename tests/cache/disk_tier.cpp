@@ -36,9 +36,6 @@ struct TempDir : nitro::test::TempDir {
   TempDir() : nitro::test::TempDir("nitro-disk-tier-test", /*create=*/false) {}
 };
 
-std::uint64_t xxh64_of(const void* data, std::size_t n, std::uint64_t seed = 0) {
-  return nitro::cache::detail::xxh64({static_cast<const std::byte*>(data), n}, seed);
-}
 
 /// The raw bytes of a tensor's values, to compare bitwise (NaN and -0.0 included).
 at::Tensor bytes_of(const at::Tensor& t) { return t.contiguous().flatten().view(at::kByte); }
@@ -68,29 +65,6 @@ void write_file(const fs::path& p, const std::vector<char>& bytes) {
 constexpr std::size_t file_bytes_1d_float(std::size_t n) { return 64 + 4 * n; }
 
 }  // namespace
-
-TEST_CASE("xxh64 matches the sanity vectors of the xxHash reference implementation") {
-  // xxHash's own sanity check (bench.c): a 101-byte buffer from a multiplicative generator, hashed
-  // whole and in prefixes of 0, 1 and 14 bytes, with seeds 0 and 2654435761.
-  std::array<unsigned char, 101> buffer{};
-  std::uint32_t gen = 2654435761U;
-  for (auto& b : buffer) {
-    b = static_cast<unsigned char>(gen >> 24);
-    gen *= gen;
-  }
-  const std::uint64_t prime = 2654435761U;
-  CHECK(xxh64_of(nullptr, 0, 0) == 0xEF46DB3751D8E999ULL);
-  CHECK(xxh64_of(nullptr, 0, prime) == 0xAC75FDA2929B17EFULL);
-  CHECK(xxh64_of(buffer.data(), 1, 0) == 0x4FCE394CC88952D8ULL);
-  CHECK(xxh64_of(buffer.data(), 1, prime) == 0x739840CB819FA723ULL);
-  CHECK(xxh64_of(buffer.data(), 14, 0) == 0xCFFA8DB881BC3A3DULL);
-  CHECK(xxh64_of(buffer.data(), 14, prime) == 0x5B9611585EFCC9CBULL);
-  CHECK(xxh64_of(buffer.data(), 101, 0) == 0x0EAB543384F878ADULL);
-  CHECK(xxh64_of(buffer.data(), 101, prime) == 0xCAA65939306F1E21ULL);
-  CHECK(xxh64_of("abc", 3) == 0x44BC2CF5AD770999ULL);
-  const std::string text = "Nobody inspects the spammish repetition";
-  CHECK(xxh64_of(text.data(), text.size()) == 0xFBCEA83C8A378BF1ULL);
-}
 
 TEST_CASE("tensors of every dtype and shape come back bitwise equal as contiguous CPU tensors") {
   TempDir dir;

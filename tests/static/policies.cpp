@@ -46,4 +46,38 @@ struct HalveGradients {
 };
 static_assert(ClipPolicy<HalveGradients>);
 static_assert(std::is_same_v<TrainingLoop<HalveGradients, amp::Bf16>::clip_policy, HalveGradients>);
+
+// A user-written hook policy plugs in without editing Nitro: a type of the Hook family with the
+// members it needs (train/hooks.hpp). Defining the loop's step() and state() instantiates the calls.
+struct CountOptimizerSteps {
+  using family = family::Hook;
+  static constexpr std::string_view name = "count_optimizer_steps";
+  static constexpr bool enabled = true;
+  struct Options {
+    std::int64_t start = 0;
+  };
+  explicit CountOptimizerSteps(const Options& o) : seen(o.start) {}
+  template <class Loop>
+  void after_optimizer_step(Loop&, StepResult& r) {
+    seen += r.stepped ? 1 : 0;
+  }
+  StateDict state_dict() const {
+    StateDict s;
+    s.integers["seen"] = seen;
+    return s;
+  }
+  void load_state_dict(const StateDict& s) { seen = s.integer("seen", name); }
+  std::int64_t seen;
+};
+static_assert(HookPolicy<CountOptimizerSteps>);
+static_assert(!HookPolicy<clip::Norm> && !ClipPolicy<CountOptimizerSteps>);
+using Hooked = TrainingLoop<CountOptimizerSteps, amp::Bf16, clip::Norm>;
+static_assert(std::is_same_v<Hooked::hook_policies, std::tuple<CountOptimizerSteps>>);
+static_assert(std::is_same_v<Hooked::clip_policy, clip::Norm>);
+static_assert(std::is_same_v<decltype(std::declval<Hooked&>().hook<CountOptimizerSteps>()), CountOptimizerSteps&>);
+static_assert(std::is_same_v<decltype(Hooked::Options{}.hooks), std::tuple<CountOptimizerSteps::Options>>);
+[[maybe_unused]] void instantiate(Hooked& loop, const at::Tensor& x) {
+  loop.step(x, [](const at::Tensor& b) { return b.sum(); });
+  loop.load_state(loop.state());
+}
 }  // namespace

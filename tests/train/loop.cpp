@@ -375,3 +375,112 @@ TEST_CASE("a user's scaler without a default constructor and a recorder that can
   CHECK(loop.monitor().device == c10::Device(c10::kCPU));
   CHECK(loop.scaler().current_scale() == 8.0);
 }
+
+namespace {
+// A user's hook policy with every hook: it logs the points in order, sees the gradients before the
+// step (unscaled, before clipping), and asks the caller to stop after the second optimizer step.
+struct Recorder {
+  using family = nitro::family::Hook;
+  static constexpr std::string_view name = "recorder";
+  static constexpr bool enabled = true;
+  static constexpr bool wants_batch_rows = true;
+  struct Options {
+    std::vector<std::string>* log = nullptr;
+  };
+  Recorder(const Options& o, const c10::Device& device) : log(o.log), device(device) {}
+  template <class Loop>
+  void on_step_begin(Loop& loop) {
+    log->push_back("begin " + std::to_string(loop.pending_micro_batches()));
+  }
+  template <class Loop>
+  void after_forward(Loop&, const at::Tensor& loss) {
+    log->push_back("forward " + std::to_string(loss.requires_grad()));
+  }
+  template <class Loop>
+  void after_backward(Loop&) {
+    log->push_back("backward");
+  }
+  template <class Loop>
+  void before_optimizer_step(Loop&, nitro::detail::GradGroups& grads, nitro::StepResult& r) {
+    double total = 0;
+    grads.for_each([&](nitro::detail::GradGroups::Group& g) {
+      for (const auto& t : g.grads) total += t.abs().sum().item<double>();
+    });
+    log->push_back("before " + std::to_string(total) + " " + std::to_string(r.grad_norm.defined()));
+  }
+  template <class Loop>
+  void after_optimizer_step(Loop& loop, nitro::StepResult& r) {
+    log->push_back("after " + std::to_string(loop.optimizer_steps()) + " " + std::to_string(loop.pending_micro_batches()));
+    if (loop.optimizer_steps() == 2) {
+      r.stop = true;
+      r.stop_reason = "enough";
+    }
+  }
+  template <class Loop>
+  void on_step_end(Loop&, nitro::StepResult& r, std::int64_t rows) {
+    log->push_back("end " + std::to_string(rows) + " " + std::to_string(r.stepped));
+  }
+  nitro::StateDict state_dict() const {
+    nitro::StateDict s;
+    s.integers["entries"] = static_cast<std::int64_t>(log->size());
+    return s;
+  }
+  void load_state_dict(const nitro::StateDict& s) {
+    const auto n = s.integer("entries", name);
+    NITRO_CHECK(n >= 0, "Recorder: entries must be >= 0");
+    loaded = n;
+  }
+  std::vector<std::string>* log;
+  c10::Device device;
+  std::int64_t loaded = -1;
+};
+}  // namespace
+
+TEST_CASE("a user's hook policy is called at each point of the step, in order, with its state in the loop's") {
+  torch::nn::Linear model(3, 1);
+  {
+    torch::NoGradGuard no_grad;
+    model->weight.fill_(0.5);
+    model->bias.fill_(0.0);
+  }
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  std::vector<std::string> log;
+  nitro::TrainingLoop<nitro::accumulate::Fixed<2>, Recorder, nitro::clip::Norm> loop{
+      model, optimizer, {.clip = {.max_norm = 100.0}, .hooks = {{.log = &log}}}};
+  CHECK(loop.hook<Recorder>().device == c10::Device(c10::kCPU));
+  const auto loss = [&](const at::Tensor& b) { return model->forward(b).mean(); };
+  CHECK_FALSE(loop.step(x, loss).stop);
+  const auto r = loop.step(x, loss);
+  CHECK_FALSE(r.stop);
+  // Gradient of mean(x w + b) over 4 rows of ones, divided by the window of 2, summed over 2
+  // micro-batches: dw_j = 1 each (3), db = 1; |grads| summed = 4. The clip hook runs after the
+  // user's (its norm is not yet there).
+  const std::vector<std::string> first_step{"begin 0",  "forward 1",  "backward", "end 4 0",
+                                            "begin 1",  "forward 1",  "backward", "before 4.000000 0",
+                                            "after 1 0", "end 4 1"};
+  CHECK(log == first_step);
+  loop.step(x, loss);
+  const auto stopped = loop.step(x, loss);
+  CHECK(stopped.stop);
+  CHECK(stopped.stop_reason == "enough");
+  CHECK(stopped.grad_norm.defined());  // clip ran
+  const auto s = loop.state();
+  REQUIRE(s.hooks.contains("recorder"));
+  CHECK(s.hooks.at("recorder").integers.at("entries") == 20);
+  loop.load_state(s);
+  CHECK(loop.hook<Recorder>().loaded == 20);
+  // A state without the hook's part, or with one this loop lacks, is refused and changes nothing.
+  auto missing = s;
+  missing.hooks.clear();
+  missing.optimizer_steps = 7;
+  CHECK_THROWS_WITH_AS(loop.load_state(missing), doctest::Contains("hook policy \"recorder\""), nitro::Error);
+  auto extra = s;
+  extra.hooks["other"] = {};
+  CHECK_THROWS_WITH_AS(loop.load_state(extra), doctest::Contains("\"other\""), nitro::Error);
+  auto refused = s;
+  refused.hooks["recorder"].integers["entries"] = -1;
+  loop.hook<Recorder>().loaded = 5;
+  CHECK_THROWS_AS(loop.load_state(refused), nitro::Error);
+  CHECK(loop.hook<Recorder>().loaded == 5);
+  CHECK(loop.optimizer_steps() == 2);
+}

@@ -24,6 +24,7 @@
 // POSIX only (open/rename/fsync).
 #include <nitro/cache/cache.hpp>
 #include <nitro/core/error.hpp>
+#include <nitro/io/file.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -60,65 +61,12 @@ namespace nitro {
 
 namespace cache::detail {
 
-// ---- XXH64 (Yann Collet's xxHash, 64-bit): four 8-byte lanes per 32-byte stripe, several GB/s ------
-
-inline constexpr std::uint64_t xxh_p1 = 0x9E3779B185EBCA87ULL;
-inline constexpr std::uint64_t xxh_p2 = 0xC2B2AE3D27D4EB4FULL;
-inline constexpr std::uint64_t xxh_p3 = 0x165667B19E3779F9ULL;
-inline constexpr std::uint64_t xxh_p4 = 0x85EBCA77C2B2AE63ULL;
-inline constexpr std::uint64_t xxh_p5 = 0x27D4EB2F165667C5ULL;
-
-// The hash is defined on little-endian words; a big-endian host swaps, so values agree across hosts.
-template <class Word>
-inline Word read_le(const unsigned char* p) noexcept {
-  Word w;
-  std::memcpy(&w, p, sizeof(Word));
-  if constexpr (std::endian::native == std::endian::big) {
-    if constexpr (sizeof(Word) == 8) w = __builtin_bswap64(w);
-    else w = __builtin_bswap32(w);
-  }
-  return w;
-}
-inline std::uint64_t xxh_round(std::uint64_t acc, std::uint64_t lane) noexcept {
-  return std::rotl(acc + lane * xxh_p2, 31) * xxh_p1;
-}
-inline std::uint64_t xxh_merge(std::uint64_t h, std::uint64_t acc) noexcept {
-  return (h ^ xxh_round(0, acc)) * xxh_p1 + xxh_p4;
-}
-
-/// XXH64 of `bytes`: nitro::cache::detail::xxh64(span) == XXH64(data, size, seed).
-inline std::uint64_t xxh64(std::span<const std::byte> bytes, std::uint64_t seed = 0) noexcept {
-  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
-  const std::size_t n = bytes.size();
-  const unsigned char* const end = p + n;
-  std::uint64_t h;
-  if (n >= 32) {
-    std::uint64_t v1 = seed + xxh_p1 + xxh_p2, v2 = seed + xxh_p2, v3 = seed, v4 = seed - xxh_p1;
-    for (const unsigned char* const limit = end - 32; p <= limit; p += 32) {
-      v1 = xxh_round(v1, read_le<std::uint64_t>(p));
-      v2 = xxh_round(v2, read_le<std::uint64_t>(p + 8));
-      v3 = xxh_round(v3, read_le<std::uint64_t>(p + 16));
-      v4 = xxh_round(v4, read_le<std::uint64_t>(p + 24));
-    }
-    h = std::rotl(v1, 1) + std::rotl(v2, 7) + std::rotl(v3, 12) + std::rotl(v4, 18);
-    h = xxh_merge(xxh_merge(xxh_merge(xxh_merge(h, v1), v2), v3), v4);
-  } else {
-    h = seed + xxh_p5;
-  }
-  h += static_cast<std::uint64_t>(n);
-  for (; p + 8 <= end; p += 8) h = std::rotl(h ^ xxh_round(0, read_le<std::uint64_t>(p)), 27) * xxh_p1 + xxh_p4;
-  if (p + 4 <= end) {
-    h = std::rotl(h ^ (static_cast<std::uint64_t>(read_le<std::uint32_t>(p)) * xxh_p1), 23) * xxh_p2 + xxh_p3;
-    p += 4;
-  }
-  for (; p < end; ++p) h = std::rotl(h ^ (*p * xxh_p5), 11) * xxh_p1;
-  h ^= h >> 33;
-  h *= xxh_p2;
-  h ^= h >> 29;
-  h *= xxh_p3;
-  h ^= h >> 32;
-  return h;
-}
+// The checksum and the POSIX file helpers are io/file.hpp's, shared with snapshots.
+using io::Fd;
+using io::os_error;
+using io::read_all;
+using io::write_all;
+using io::xxh64;
 
 // ---- the file format -----------------------------------------------------------------------------
 //
@@ -131,7 +79,6 @@ inline constexpr char file_magic[8] = {'N', 'I', 'T', 'R', 'O', 'T', 'N', 'S'};
 inline constexpr std::uint32_t file_version = 1;
 inline constexpr std::uint32_t max_file_ndim = 1024;  // bounds what a corrupt header can make us read
 inline constexpr std::string_view file_suffix = ".nitro";
-inline constexpr std::string_view temp_suffix = ".nitro.tmp";
 
 struct FileHeader {
   char magic[8];
@@ -146,54 +93,6 @@ struct FileHeader {
 static_assert(sizeof(FileHeader) == 48 && std::is_trivially_copyable_v<FileHeader>);
 
 inline std::size_t header_bytes(std::size_t ndim) noexcept { return sizeof(FileHeader) + 8 * ndim + 8; }
-
-/// Closes a POSIX file descriptor on scope exit.
-class Fd {
- public:
-  explicit Fd(int fd = -1) noexcept : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  void reset(int fd) noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-  [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
-  /// Closes now, reporting the error close can give (a delayed write failure on some file systems).
-  bool close() noexcept { return ::close(std::exchange(fd_, -1)) == 0; }
-
- private:
-  int fd_;
-};
-
-inline bool write_all(int fd, const void* data, std::size_t n) noexcept {
-  const auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ::ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  return true;
-}
-
-inline bool read_all(int fd, void* data, std::size_t n) noexcept {
-  auto* p = static_cast<char*>(data);
-  while (n > 0) {
-    const ::ssize_t r = ::read(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;  // an error, or the file ended early
-    p += r;
-    n -= static_cast<std::size_t>(r);
-  }
-  return true;
-}
-
-inline std::string os_error(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 /// Parses "<integer>.nitro", the name of a spill file; anything else is not ours.
 inline bool is_spill_file_name(std::string_view name) noexcept {
@@ -370,31 +269,15 @@ class BasicDiskTier {
       return false;
     }
 
-    const std::filesystem::path temp = temp_path(key);
-    {
-      cache::detail::Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-      NITRO_CHECK(fd, "nitro::DiskTier: cannot create ", temp, ": ", cache::detail::os_error(errno),
-                  "; check that the spill directory still exists and is writable");
-      const bool written = cache::detail::write_all(fd.get(), head.data(), head.size()) &&
-                           cache::detail::write_all(fd.get(), t.data_ptr(), t.nbytes()) &&
-                           (!fsync_ || ::fsync(fd.get()) == 0) && fd.close();
-      if (!written) {
-        const int err = errno;
-        ::unlink(temp.c_str());
-        detail::fail("nitro::DiskTier: cannot write ", file_bytes, " bytes to ", temp, ": ",
-                     cache::detail::os_error(err), "; free space on that disk or lower capacity_bytes");
-      }
-    }
+    // Written and fsynced (Options::fsync) outside the lock; renamed under it, so the books and the
+    // files agree. A failure throws and leaves no temporary file and the old file as it was.
+    io::AtomicFile file(path_of(key), {.fsync = fsync_});
+    file.write(head.data(), head.size());
+    file.write(t.data_ptr(), t.nbytes());
+    file.finish();
 
     std::lock_guard guard(mutex_);
-    const std::filesystem::path path = path_of(key);
-    if (::rename(temp.c_str(), path.c_str()) != 0) {
-      const int err = errno;
-      ::unlink(temp.c_str());
-      detail::fail("nitro::DiskTier: cannot rename ", temp, " to ", path, ": ", cache::detail::os_error(err),
-                   "; check that the spill directory still exists and is writable");
-    }
-    if (fsync_) sync_directory();
+    file.commit();
     // The rename replaced the old file; only the books of the old entry remain to drop.
     if (const auto it = index_.find(key); it != index_.end()) forget(it);
     order_.push_back(key);
@@ -519,13 +402,7 @@ class BasicDiskTier {
     return t.contiguous();
   }
 
-  std::filesystem::path temp_path(Key key) {
-    // A dot name so it is never taken for a spill file; unique per write so concurrent stores of one
-    // key do not share a temporary.
-    return directory_ / ("." + std::to_string(key) + "." + std::to_string(::getpid()) + "." +
-                         std::to_string(temp_counter_.fetch_add(1, std::memory_order_relaxed)) +
-                         std::string(cache::detail::temp_suffix));
-  }
+
 
   // Drops the books of an entry whose file is already gone or replaced. Under the lock.
   void forget(typename Index::iterator it) {
@@ -540,10 +417,6 @@ class BasicDiskTier {
     forget(it);
   }
 
-  void sync_directory() const {
-    cache::detail::Fd dir(::open(directory_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (dir) ::fsync(dir.get());
-  }
 
   void probe_writable() const {
     const std::filesystem::path probe = directory_ / (".nitro-probe." + std::to_string(::getpid()));
@@ -562,7 +435,7 @@ class BasicDiskTier {
     for (const auto& e : std::filesystem::directory_iterator(directory_, ec)) {
       const std::string name = e.path().filename().string();
       std::error_code ignored;
-      if (name.starts_with('.') && name.ends_with(cache::detail::temp_suffix)) {
+      if (io::is_temp_name(name)) {  // an io::AtomicFile a crashed run left
         std::filesystem::remove(e.path(), ignored);
       } else if (cache::detail::is_spill_file_name(name) && e.is_regular_file(ignored)) {
         cache::detail::Fd fd(::open(e.path().c_str(), O_RDONLY | O_CLOEXEC));
@@ -583,7 +456,6 @@ class BasicDiskTier {
   std::list<Key> order_;  // least recently stored or loaded first
   std::size_t bytes_ = 0;
   std::uint64_t generation_ = 0;
-  std::atomic<std::uint64_t> temp_counter_{0};
   DiskTierStats stats_;
 };
 

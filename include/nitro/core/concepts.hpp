@@ -13,6 +13,8 @@
 //                      a Policy of that family plus what the code that uses it calls (TrainingLoop, Cache):
 //                      a user-written policy that passes its concept works in the loop, and one that
 //                      does not is refused with the missing piece named
+//   HookPolicy         a policy of the Hook family: an object the TrainingLoop owns and calls at the
+//                      points of a step it has a member for (train/hooks.hpp lists them)
 //   LossScaler         what amp::Fp16<Scaler> needs of Scaler (train/amp.hpp has the two Nitro ships)
 //   monitor::Off       the monitor policy that records nothing (here, so that the training loop
 //                      names its default without depending on monitor/; monitor::Phases is in
@@ -154,6 +156,8 @@ struct Checkpoint {};
 struct Clip {};
 struct Eviction {};
 struct Monitor {};
+/// Anything else a training step may do: a TrainingLoop calls its hooks (train/hooks.hpp).
+struct Hook {};
 }  // namespace family
 
 /// The policy has a name for reports and messages: `static constexpr std::string_view name`.
@@ -306,6 +310,15 @@ template <class P>
 concept MonitorPolicy = Policy<P> && OfFamily<P, family::Monitor> && requires { typename P::Recorder; } &&
                         std::constructible_from<typename P::Recorder, const typename P::Options&, const c10::Device&> &&
                         PhaseRecorder<typename P::Recorder>;
+
+/// A hook policy (train/hooks.hpp): a Policy of the Hook family that the loop can make, from
+/// (Options, device of the model), from (Options), or with no argument. Which hooks it has (any of
+/// on_step_begin, after_forward, after_backward, before_optimizer_step, after_optimizer_step,
+/// on_step_end, state_dict / load_state_dict) the loop checks against its own type.
+template <class P>
+concept HookPolicy = Policy<P> && OfFamily<P, family::Hook> &&
+                     (std::constructible_from<P, const typename P::Options&, const c10::Device&> ||
+                      std::constructible_from<P, const typename P::Options&> || std::default_initializable<P>);
 
 namespace monitor {
 /// Records nothing and costs nothing: the loop never calls it (`enabled` is false).

@@ -13,6 +13,13 @@
 // batches exist at once besides the one the consumer holds; destroying the prefetcher stops its
 // workers (a worker inside a source call finishes that call first).
 //
+// Exact resume: with a sampler that tracks deliveries (data/sampler.hpp's ResumableSampler, through
+// from_dataset), each batch handed to the consumer is reported to it (source.delivered()), so its
+// state() counts only batches the consumer received, not those made ahead; a batch whose production
+// threw is not reported (it was not consumed: a resumed run makes it again). The destructor, once
+// the workers are joined, rewinds the sampler (source.rewind()): batches made ahead and not consumed
+// are made again by the next prefetcher over the same sampler.
+//
 // Prefetcher<Cuda> works on one concrete GPU: Options::device (the model's, e.g. cuda:1), or the
 // device current when it is made. The consumer's stream on that GPU waits on an event for each
 // batch's copy (no host synchronisation), and each tensor is record_stream'ed on the consumer's
@@ -127,6 +134,7 @@ class Prefetcher {
     }
     space_.notify_all();
     for (auto& t : threads_) t.join();
+    if constexpr (requires { source_.rewind(); }) source_.rewind();
   }
 
   /// The next batch, or nothing at the end of the epoch; rethrows what the source threw for it.
@@ -140,7 +148,9 @@ class Prefetcher {
     ++next_out_;
     lock.unlock();
     space_.notify_all();
-    if (item.error) std::rethrow_exception(item.error);
+    if (item.error) std::rethrow_exception(item.error);  // not consumed: not reported as delivered
+    // Workers may be claiming meanwhile (under claim_mutex_, not mutex_): the sampler's own mutex orders the two.
+    if constexpr (requires { source_.delivered(); }) source_.delivered();
 #if NITRO_WITH_CUDA
     if (item.copied) {
       const auto consumer = c10::cuda::getCurrentCUDAStream(device_.index());

@@ -102,6 +102,11 @@ LoaderSource<Loader> from_loader(Loader& loader) {
 
 /// A torch::data data set and a sampler: claim() asks the sampler for the next `batch_size` indices
 /// (in order), produce() calls the data set's get_batch on a worker's own copy of the data set.
+///
+/// A sampler that tracks deliveries (data/sampler.hpp's ResumableSampler: it has `defer_delivery`,
+/// `delivered` and `rewind`) is switched to deferred delivery here, and the Prefetcher reports to it,
+/// through delivered() and rewind() below, which claimed batches its consumer received: the sampler's
+/// state then counts only those. Other samplers (torch's own) are used unchanged.
 template <class Dataset, class Sampler>
 class DatasetSource {
  public:
@@ -117,10 +122,26 @@ class DatasetSource {
   DatasetSource(Dataset dataset, Sampler sampler, std::size_t batch_size)
       : dataset_(std::make_shared<Dataset>(std::move(dataset))), sampler_(std::move(sampler)), batch_size_(batch_size) {
     NITRO_CHECK(batch_size_ > 0, "nitro::DatasetSource: batch_size is 0; give the number of samples per batch");
+    if constexpr (requires { sampler_.defer_delivery(true); }) sampler_.defer_delivery(true);
     sampler_.reset(dataset_->size());
   }
 
   std::optional<ticket_type> claim() { return sampler_.next(batch_size_); }
+
+  /// The oldest claimed batch reached the consumer (the Prefetcher calls it; only for a sampler that
+  /// tracks deliveries).
+  void delivered()
+    requires requires(Sampler& s) { s.delivered(); }
+  {
+    sampler_.delivered();
+  }
+  /// The claimed batches not delivered will not be: the sampler hands them out again (the
+  /// Prefetcher's destructor calls it; only for a sampler that tracks deliveries).
+  void rewind()
+    requires requires(Sampler& s) { s.rewind(); }
+  {
+    sampler_.rewind();
+  }
 
   /// Runs on a worker: each worker thread has its own copy of the data set.
   batch_type produce(ticket_type&& indices) {

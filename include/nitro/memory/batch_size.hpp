@@ -61,6 +61,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -122,6 +123,35 @@ bool with_state_type(const torch::optim::OptimizerParamState& state, F&& f) {
   if (is.template operator()<RMSpropParamState>()) return f.template operator()<RMSpropParamState>(), true;
   return false;
 }
+
+/// The name a snapshot stores a state type under (io/snapshot.hpp), for the types above.
+template <class S>
+inline constexpr std::string_view state_type_name = std::is_same_v<S, torch::optim::AdamWParamState> ? "adamw"
+                                                    : std::is_same_v<S, torch::optim::AdamParamState>  ? "adam"
+                                                    : std::is_same_v<S, torch::optim::SGDParamState>   ? "sgd"
+                                                    : std::is_same_v<S, torch::optim::AdagradParamState> ? "adagrad"
+                                                                                                         : "rmsprop";
+
+/// Calls f.template operator()<S>() with the state type named `name` (state_type_name); false for
+/// another name.
+template <class F>
+bool with_state_type_named(std::string_view name, F&& f) {
+  using namespace torch::optim;
+  bool found = false;
+  const auto one = [&]<class S>() {
+    if (!found && name == state_type_name<S>) found = true, f.template operator()<S>();
+  };
+  one.template operator()<AdamWParamState>();
+  one.template operator()<AdamParamState>();
+  one.template operator()<SGDParamState>();
+  one.template operator()<AdagradParamState>();
+  one.template operator()<RMSpropParamState>();
+  return found;
+}
+
+/// Whether the state type has a step counter (all of the above but SGD's).
+template <class S>
+inline constexpr bool state_has_step = !std::is_same_v<S, torch::optim::SGDParamState>;
 
 }  // namespace detail
 

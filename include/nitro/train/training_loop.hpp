@@ -38,6 +38,7 @@
 #include <nitro/train/amp.hpp>
 #include <nitro/train/checkpoint.hpp>
 #include <nitro/train/clip.hpp>
+#include <nitro/train/hooks.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_foreach_mul.h>
@@ -49,6 +50,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,21 +60,6 @@
 #include <vector>
 
 namespace nitro {
-
-/// What one TrainingLoop::step did. Tensors are on the device; reading them synchronises.
-struct StepResult {
-  /// The micro-batch's loss as the loss function returned it (not divided, not scaled), detached.
-  at::Tensor loss;
-  /// The optimizer stepped after this micro-batch.
-  bool stepped = false;
-  /// An optimizer step was due and was skipped because a gradient (or the loss) was inf or NaN.
-  bool skipped = false;
-  /// The loss scale after this step (amp::Fp16 only; undefined otherwise): a copy, which later steps
-  /// do not change.
-  at::Tensor loss_scale;
-  /// The total gradient norm before clipping (clip::Norm, on steps that stepped or skipped).
-  at::Tensor grad_norm;
-};
 
 namespace detail {
 
@@ -135,7 +123,7 @@ inline c10::Device first_parameter_device(torch::optim::Optimizer& optimizer) {
 template <class P>
 inline constexpr bool is_loop_policy = OfFamily<P, family::Amp> || OfFamily<P, family::Accumulation> ||
                                        OfFamily<P, family::Checkpoint> || OfFamily<P, family::Clip> ||
-                                       OfFamily<P, family::Monitor>;
+                                       OfFamily<P, family::Monitor> || OfFamily<P, family::Hook>;
 template <class Family, class... Ps>
 inline constexpr int count_family = (0 + ... + (OfFamily<Ps, Family> ? 1 : 0));
 
@@ -161,18 +149,29 @@ template <MonitorPolicy P>
 struct checked_monitor {
   using type = P;
 };
+template <HookPolicy P>
+struct checked_hook {
+  using type = P;
+};
+template <class Tuple>
+struct checked_hooks;
+template <class... Hs>
+struct checked_hooks<std::tuple<Hs...>> {
+  using type = std::tuple<typename checked_hook<Hs>::type...>;
+};
 
 }  // namespace detail
 
 /// @tparam Policies any number, in any order, at most one per family: an AMP policy (default
 ///         amp::Off), an accumulation policy (accumulate::Off), a checkpoint policy (checkpoint::Off),
-///         a clip policy (clip::Off) and a monitor policy (monitor::Off).
+///         a clip policy (clip::Off), a monitor policy (monitor::Off), and any number of hook
+///         policies (train/hooks.hpp), called in the order given.
 template <class... Policies>
 class TrainingLoop {
   static_assert((detail::is_loop_policy<Policies> && ...),
                 "TrainingLoop<Policies...>: each argument must be a policy of the amp::, accumulate::, "
-                "checkpoint::, clip:: or monitor:: family (a type with `using family = nitro::family::...`; "
-                "see core/concepts.hpp); give them in any order");
+                "checkpoint::, clip:: or monitor:: family, or a hook policy (a type with `using family = "
+                "nitro::family::...`; see core/concepts.hpp and train/hooks.hpp); give them in any order");
   static_assert(detail::count_family<family::Amp, Policies...> <= 1, "TrainingLoop: give at most one AMP policy");
   static_assert(detail::count_family<family::Accumulation, Policies...> <= 1,
                 "TrainingLoop: give at most one accumulation policy");
@@ -193,11 +192,16 @@ class TrainingLoop {
       typename detail::checked_clip<typename detail::find_policy<family::Clip, clip::Off, Policies...>::type>::type;
   using monitor_policy = typename detail::checked_monitor<
       typename detail::find_policy<family::Monitor, monitor::Off, Policies...>::type>::type;
+  /// The hook policies, in the order given, as a std::tuple of types.
+  using hook_policies = typename detail::checked_hooks<typename detail::hook_list<Policies...>::type>::type;
 
  private:
   using Amp = amp_policy;
   using Accumulation = accumulation_policy;
   using Checkpoint = checkpoint_policy;
+  using Slots = detail::hook_slots<monitor_policy, clip_policy, hook_policies>;
+  static_assert(Slots::names_distinct(), "TrainingLoop: two hook policies have the same name (or one is named "
+                "\"monitor\" or \"clip\"); a hook's name is the key of its state, so give each its own");
 
  public:
   struct Options {
@@ -206,6 +210,8 @@ class TrainingLoop {
     typename Checkpoint::Options checkpoint{};
     typename clip_policy::Options clip{};
     typename monitor_policy::Options monitor{};
+    /// The hook policies' options, in the order of the loop's type: `.hooks = {MyHook::Options{...}}`.
+    typename Slots::options hooks{};
     /// Skip an optimizer step whose gradients hold inf or NaN (fp32 and bf16; amp::Fp16 always
     /// does). A read-only check; costs one host-device synchronisation per optimizer step.
     bool skip_nonfinite = false;
@@ -226,6 +232,8 @@ class TrainingLoop {
     std::int64_t splits_made = 0;
     /// amp::Fp16: the loss scaler's state (reading it synchronises with the device once).
     std::optional<LossScaleState> loss_scale;
+    /// The state of each hook policy that has one (state_dict), under the hook's name.
+    std::map<std::string, StateDict, std::less<>> hooks;
   };
 
   /// Any model: the loss function receives the batch only.
@@ -265,12 +273,14 @@ class TrainingLoop {
   /// steps one parameter at a time).
   template <class Batch, class LossFn>
   StepResult step(const Batch& batch, LossFn&& loss_fn) {
-    if constexpr (monitor_policy::enabled) monitor_.begin_step();
     // Rows of the batch, where a policy needs them (split, samples counted): one pass a step.
     [[maybe_unused]] std::int64_t rows = -1;
-    if constexpr (detail::SplitsOnOom<Accumulation> || monitor_policy::enabled) rows = detail::batch_rows(batch);
+    if constexpr (detail::SplitsOnOom<Accumulation> || wants_rows) rows = detail::batch_rows(batch);
     StepResult result;
     try {
+      each_hook([&](auto& h) {
+        if constexpr (detail::HasStepBegin<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.on_step_begin(*this);
+      });
       if constexpr (detail::SplitsOnOom<Accumulation>) {
         result.loss = split_forward_backward(batch, rows, loss_fn);
       } else {
@@ -283,10 +293,9 @@ class TrainingLoop {
     }
     ++micro_;
     if (micro_ >= window_) optimizer_step(result);
-    if constexpr (monitor_policy::enabled) {
-      monitor_.mark(Phase::optimizer);
-      monitor_.end_step(rows);
-    }
+    each_hook([&](auto& h) {
+      if constexpr (detail::HasStepEnd<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.on_step_end(*this, result, rows);
+    });
     return result;
   }
 
@@ -319,8 +328,12 @@ class TrainingLoop {
 
   /// The loop's state now (see State). With amp::Fp16 it reads the loss scale: one synchronisation.
   State state() const {
-    State s{window_, micro_, steps_, skipped_, split_, splits_made_, std::nullopt};
+    State s{window_, micro_, steps_, skipped_, split_, splits_made_, std::nullopt, {}};
     if constexpr (Amp::scales_loss) s.loss_scale = scaler_.state_dict();
+    each_hook([&](const auto& h) {
+      using H = std::remove_cvref_t<decltype(h)>;
+      if constexpr (detail::HasState<H>) s.hooks.emplace(std::string(H::name), h.state_dict());
+    });
     return s;
   }
 
@@ -345,7 +358,30 @@ class TrainingLoop {
     NITRO_CHECK(s.loss_scale.has_value() == Amp::scales_loss, "TrainingLoop::load_state: the state ",
                 s.loss_scale ? "holds" : "lacks", " a loss scale, but this loop's AMP policy (", Amp::name, ") ",
                 Amp::scales_loss ? "scales the loss" : "does not scale the loss");
-    if constexpr (Amp::scales_loss) scaler_.load_state_dict(*s.loss_scale);  // validates; throws first
+    each_hook([&](const auto& h) {
+      using H = std::remove_cvref_t<decltype(h)>;
+      if constexpr (detail::HasState<H>) {
+        NITRO_CHECK(s.hooks.contains(H::name), "TrainingLoop::load_state: the state has nothing for the hook policy \"",
+                    H::name, "\"; it was saved by a loop without that hook");
+      }
+    });
+    for (const auto& [name, dict] : s.hooks) {
+      bool known = false;
+      each_hook([&](const auto& h) {
+        using H = std::remove_cvref_t<decltype(h)>;
+        if constexpr (detail::HasState<H>) known = known || name == H::name;
+      });
+      NITRO_CHECK(known, "TrainingLoop::load_state: the state holds the hook policy \"", name,
+                  "\", which this loop does not have; load it into a loop of the same type");
+    }
+    // The hooks' states (each validated by its hook; undone if a later one or the scaler refuses).
+    auto undo = load_hook_states(s.hooks);
+    try {
+      if constexpr (Amp::scales_loss) scaler_.load_state_dict(*s.loss_scale);  // validates, then changes
+    } catch (...) {
+      for (auto it = undo.rbegin(); it != undo.rend(); ++it) (*it)();
+      throw;
+    }
     if constexpr (std::same_as<Accumulation, accumulate::Dynamic>) o_.accumulate.steps = s.accumulation_steps;
     window_ = s.accumulation_steps;
     micro_ = s.pending_micro_batches;
@@ -382,12 +418,23 @@ class TrainingLoop {
   auto& monitor() noexcept
     requires(monitor_policy::enabled)
   {
-    return monitor_;
+    return std::get<0>(hooks_).hook.recorder;
   }
   const auto& monitor() const noexcept
     requires(monitor_policy::enabled)
   {
-    return monitor_;
+    return std::get<0>(hooks_).hook.recorder;
+  }
+
+  /// The loop's object of hook policy P (one of its Policies).
+  template <class P>
+  P& hook() noexcept {
+    static_assert(OfFamily<P, family::Hook>, "TrainingLoop::hook<P>(): P must be one of the loop's hook policies");
+    return std::get<Slots::template position<P>>(hooks_).hook;
+  }
+  template <class P>
+  const P& hook() const noexcept {
+    return std::get<Slots::template position<P>>(hooks_).hook;
   }
 
   /// The loss scaler (amp::Fp16): its state_dict() saves with the model.
@@ -457,11 +504,15 @@ class TrainingLoop {
                 "TrainingLoop::step: the loss function must return a scalar tensor (reduce it with mean() or sum()); "
                 "got ", loss.defined() ? "a tensor of shape " : "an undefined tensor",
                 loss.defined() ? loss.sizes() : at::IntArrayRef{});
-    if constexpr (monitor_policy::enabled) monitor_.mark(Phase::forward);
+    each_hook([&](auto& h) {
+      if constexpr (detail::HasAfterForward<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.after_forward(*this, loss);
+    });
     at::Tensor objective = divisor != 1.0 ? loss / divisor : loss;
     if constexpr (Amp::scales_loss) objective = scaler_.scale(objective);
     objective.backward();
-    if constexpr (monitor_policy::enabled) monitor_.mark(Phase::backward);
+    each_hook([&](auto& h) {
+      if constexpr (detail::HasAfterBackward<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.after_backward(*this);
+    });
     return loss.detach();
   }
 
@@ -524,7 +575,15 @@ class TrainingLoop {
                 "torch::optim::SGD(model->parameters(), 0.1)");
     window_ = Accumulation::steps(o_.accumulate);
     if constexpr (detail::SplitsOnOom<Accumulation>) split_ = o_.accumulate.initial_split;
-    if constexpr (clip_policy::enabled) clip_policy::validate(o_.clip);
+    each_hook([&](auto& h) {
+      using H = std::remove_cvref_t<decltype(h)>;
+      static_assert(!detail::HalfState<H>, "TrainingLoop: a hook policy with state_dict() const -> nitro::StateDict "
+                    "needs load_state_dict(const nitro::StateDict&) too, and the reverse");
+      static_assert(!H::enabled || detail::has_any_hook<H, TrainingLoop>,
+                    "TrainingLoop: this hook policy has none of the hooks of train/hooks.hpp (on_step_begin, "
+                    "after_forward, after_backward, before_optimizer_step, after_optimizer_step, on_step_end, "
+                    "state_dict/load_state_dict) callable with this loop; check their signatures");
+    });
     if constexpr (Amp::enabled) {
       NITRO_CHECK(compat::autocast_available(device_.type()), "TrainingLoop: amp::", Amp::name,
                   " needs autocast, which LibTorch does not offer on ", c10::DeviceTypeName(device_.type()),
@@ -551,7 +610,10 @@ class TrainingLoop {
       } else {
         if (o_.skip_nonfinite) found_inf = detail::nonfinite_flag(grads_, device_);
       }
-      if constexpr (clip_policy::enabled) result.grad_norm = clip_policy::apply(grads_, o_.clip);
+      each_hook([&](auto& h) {
+        if constexpr (detail::HasBeforeOptimizerStep<std::remove_cvref_t<decltype(h)>, TrainingLoop>)
+          h.before_optimizer_step(*this, grads_, result);
+      });
       grads_.release();  // zero_grad below must be able to free them
       // The one host decision of a step, where a policy needs it.
       const bool skip = found_inf.defined() && found_inf.item<float>() > 0.0f;
@@ -570,7 +632,60 @@ class TrainingLoop {
       throw;
     }
     micro_ = 0;
+    // The run's state is whole here (what a snapshot saves); a hook that throws now leaves it so.
+    each_hook([&](auto& h) {
+      if constexpr (detail::HasAfterOptimizerStep<std::remove_cvref_t<decltype(h)>, TrainingLoop>)
+        h.after_optimizer_step(*this, result);
+    });
   }
+
+  template <class F>
+  void each_hook(F&& f) {
+    std::apply([&](auto&... slot) { (f(slot.hook), ...); }, hooks_);
+  }
+  template <class F>
+  void each_hook(F&& f) const {
+    std::apply([&](const auto&... slot) { (f(slot.hook), ...); }, hooks_);
+  }
+
+  // Loads each hook's state; if one refuses its state, those loaded before it get theirs back.
+  // Returns what undoes the loads.
+  std::vector<std::function<void()>> load_hook_states(const std::map<std::string, StateDict, std::less<>>& states) {
+    std::vector<std::function<void()>> undo;
+    try {
+      each_hook([&](auto& h) {
+        using H = std::remove_cvref_t<decltype(h)>;
+        if constexpr (detail::HasState<H>) {
+          StateDict before = h.state_dict();
+          h.load_state_dict(states.find(H::name)->second);
+          undo.push_back([&h, before = std::move(before)] { h.load_state_dict(before); });
+        }
+      });
+    } catch (...) {
+      for (auto it = undo.rbegin(); it != undo.rend(); ++it) (*it)();
+      throw;
+    }
+    return undo;
+  }
+
+  // What make() of each hook is given: its options (by the hook's place) and the model's device.
+  struct HookArgs {
+    const Options& o;
+    const c10::Device& device;
+    template <class P>
+    const auto& options() const {
+      if constexpr (std::same_as<P, detail::MonitorHook<monitor_policy>>) return o.monitor;
+      else if constexpr (std::same_as<P, detail::ClipHook<clip_policy>>) return o.clip;
+      else return std::get<Slots::template position<P> - 1>(o.hooks);
+    }
+  };
+  template <class Tuple>
+  struct any_wants_rows;
+  template <class... Slot>
+  struct any_wants_rows<std::tuple<Slot...>> {
+    static constexpr bool value = (detail::WantsBatchRows<decltype(Slot::hook)> || ...);
+  };
+  static constexpr bool wants_rows = any_wants_rows<typename Slots::type>::value;
 
   std::shared_ptr<torch::nn::Module> model_;
   std::shared_ptr<torch::nn::SequentialImpl> sequential_;
@@ -590,7 +705,13 @@ class TrainingLoop {
   detail::CheckpointContext* context_ = nullptr;  // during the loss function, with checkpointing on
   // Each built once, in place: a user's scaler or recorder needs no default constructor or assignment.
   [[no_unique_address]] typename detail::scaler_of<Amp>::type scaler_ = detail::make_scaler<Amp>(o_.amp);
-  [[no_unique_address]] typename monitor_policy::Recorder monitor_{o_.monitor, device_};
+  // The monitor, the hook policies and the clip policy, each made in place (train/hooks.hpp).
+  typename Slots::type hooks_ = make_slots(std::make_index_sequence<std::tuple_size_v<typename Slots::type>>{});
+  template <std::size_t... I>
+  typename Slots::type make_slots(std::index_sequence<I...>) {
+    const HookArgs args{o_, device_};
+    return typename Slots::type(((void)I, args)...);
+  }
 };
 
 }  // namespace nitro

@@ -1,0 +1,1261 @@
+#pragma once
+// Snapshots: the whole state of a training run in one checked file, written so that a crash at any
+// moment never costs the last good snapshot, and loaded so that the run continues bit for bit.
+//
+//   // save (between steps, or let snapshot::Policy do it every N steps / T minutes / on SIGTERM):
+//   nitro::snapshot::save("runs/a/snapshot-000100-000.nitro", loop, {.sampler = &sampler, .extras = &extras});
+//   // resume, in a new process, after building the same model, optimizer, loop and sampler:
+//   if (auto file = nitro::snapshot::latest("runs/a")) nitro::snapshot::load(*file, loop, {.sampler = &sampler});
+//
+// What a snapshot holds (each a part with its own checksum):
+//   model      every parameter and buffer, by name
+//   grads      the gradients the parameters hold (those of an accumulation window under way)
+//   optimizer  each group's options, each parameter's state (SGD, Adam, AdamW, Adagrad, RMSprop field
+//              by field, as memory::StateBackup copies them; another optimizer in LibTorch's own
+//              serialised form)
+//   loop       the TrainingLoop's State: counters, the micro-batch inside the window, the loss
+//              scaler, Adaptive's split, and every hook policy's state_dict (parts "hook/<name>")
+//   rng        the CPU generator and every CUDA device's generator
+//   data       a data::ResumableSampler's (seed, epoch, index)
+//   extras     the caller's own StateDict (named tensors, integers, numbers, strings)
+//
+// The file: the parts, then a text manifest (format version, LibTorch and Nitro versions, the time
+// in UTC, the loop's step, and each part's offset, size and XXH64 checksum), then a footer (the
+// manifest's offset, size and checksum, and a magic). It is written through io::AtomicFile (a
+// temporary name in the same directory, fsync, rename, fsync of the directory): a reader, or a
+// process after a crash, sees the old snapshot or the new one, never a part of one.
+//
+// Loading checks everything before it changes anything: the footer, the manifest, the format
+// version, every part's checksum (the whole file is read once), then the names, shapes and dtypes
+// of the model's parameters, buffers and gradients, the optimizer's groups and state, the loop's
+// policies and the sampler's size. A corrupt, truncated or foreign file, another format version, or
+// a model or optimizer that does not match, throws nitro::Error naming the part and what differs,
+// and leaves the model, the optimizer, the loop, the sampler, the generators and the file as they
+// were.
+//
+// Exactness: with the same program, deterministic kernels and the same number of intra-op threads,
+// a run resumed from a snapshot reaches bitwise the parameters, optimizer state and loss scale of
+// the run that was not interrupted (tests/io/snapshot.cpp trains in a new process to check it).
+// Tensors are stored in the host's byte order with their dtype: a snapshot moves between machines
+// of one byte order, and from GPU to CPU and back (tensors are loaded onto the device of the live
+// tensor they replace).
+#include <nitro/core/error.hpp>
+#include <nitro/core/state_dict.hpp>
+#include <nitro/data/sampler.hpp>
+#include <nitro/io/file.hpp>
+#include <nitro/memory/batch_size.hpp>
+#include <nitro/train/hooks.hpp>
+#include <nitro/version.hpp>
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/ScalarType.h>
+#include <torch/headeronly/version.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <chrono>
+#include <cinttypes>
+#include <cstdint>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#if NITRO_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
+namespace nitro::snapshot {
+
+/// The version of the file layout this Nitro writes and reads.
+inline constexpr std::uint32_t format_version = 1;
+
+/// What a snapshot's manifest says about it.
+struct Manifest {
+  struct Part {
+    std::string name;
+    std::uint64_t offset = 0;
+    std::uint64_t bytes = 0;
+    std::uint64_t checksum = 0;  // XXH64 of the part's bytes
+  };
+  std::uint32_t format_version = 0;
+  std::string libtorch;  // "2.11.0"
+  std::string nitro;     // "0.1.0"
+  std::string time;      // UTC, ISO 8601
+  std::int64_t step = 0;       // the loop's optimizer steps (0 without a loop)
+  std::int64_t micro_step = 0; // micro-batches into the window
+  std::vector<Part> parts;
+
+  [[nodiscard]] const Part* find(std::string_view part) const noexcept {
+    for (const auto& p : parts)
+      if (p.name == part) return &p;
+    return nullptr;
+  }
+};
+
+/// What to save besides a loop's own model, optimizer and state (or, without a loop, what to save).
+/// A null pointer is not saved; on load, a part the snapshot has and the caller gives no object for
+/// is left unread, and an object given whose part the snapshot lacks is an error.
+struct Contents {
+  torch::nn::Module* model = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;
+  data::ResumableSampler* sampler = nullptr;
+  /// The caller's own state: saved as it is; loading replaces *extras with what was saved.
+  StateDict* extras = nullptr;
+  /// The CPU and CUDA random generators.
+  bool rng = true;
+};
+
+struct SaveOptions {
+  /// fsync the file and its directory before save() returns (off only for tests and benchmarks
+  /// that measure the write alone).
+  bool fsync = true;
+};
+
+namespace detail {
+
+inline constexpr char footer_magic[8] = {'N', 'I', 'T', 'R', 'O', 'S', 'N', 'P'};
+inline constexpr char header_magic[8] = {'N', 'I', 'T', 'R', 'O', 'S', 'N', '1'};
+inline constexpr std::size_t header_bytes = 16;  // magic, u32 format version, u32 zero
+inline constexpr std::size_t footer_bytes = 32;  // u64 offset, u64 size, u64 XXH64 of the manifest, magic
+inline constexpr std::uint64_t max_manifest_bytes = 64ull << 20;
+inline constexpr std::uint32_t max_ndim = 64;
+
+[[noreturn, gnu::cold]] inline void corrupt(const std::filesystem::path& file, std::string_view part,
+                                            std::string_view what) {
+  ::nitro::detail::fail("nitro::snapshot: ", file.string(), part.empty() ? "" : ": part \"", part,
+                        part.empty() ? "" : "\"", " is unreadable: ", what,
+                        "; the file is damaged or not a snapshot (snapshot::latest() picks the newest good one)");
+}
+
+inline std::string libtorch_version() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
+inline std::string utc_now() {
+  const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// ---- encoding a StateDict --------------------------------------------------------------------------
+//
+//   u64 n, n x { str name, i32 dtype, u32 ndim, i64 sizes[ndim], u64 nbytes, bytes }   tensors
+//   u64 n, n x { str name, i64 }                                                      integers
+//   u64 n, n x { str name, f64 }                                                      numbers
+//   u64 n, n x { str name, str value }                                                strings
+//   str = u64 length, bytes
+
+/// Writes parts into an AtomicFile, hashing each; small fields are gathered in a buffer, tensor
+/// bytes go straight from the tensor to the file.
+class PartWriter {
+ public:
+  PartWriter(io::AtomicFile& file, std::uint64_t offset) : file_(&file), offset_(offset) {}
+
+  void begin(std::string name) {
+    part_ = Manifest::Part{std::move(name), offset_, 0, 0};
+    hash_ = io::Xxh64();
+  }
+  Manifest::Part end() {
+    flush();
+    part_.bytes = offset_ - part_.offset;
+    part_.checksum = hash_.digest();
+    return part_;
+  }
+
+  void put(const void* data, std::size_t n) {
+    if (n >= (1u << 16)) {
+      flush();
+      file_->write(data, n);
+      hash_.update(data, n);
+      offset_ += n;
+      return;
+    }
+    const auto* p = static_cast<const char*>(data);
+    buffer_.insert(buffer_.end(), p, p + n);
+    if (buffer_.size() >= (1u << 20)) flush();
+  }
+  template <class T>
+  void put_value(T v) {
+    put(&v, sizeof v);
+  }
+  void put_string(std::string_view s) {
+    put_value<std::uint64_t>(s.size());
+    put(s.data(), s.size());
+  }
+
+  void put_dict(const StateDict& d, std::string_view part) {
+    put_value<std::uint64_t>(d.tensors.size());
+    for (const auto& [name, t] : d.tensors) {
+      NITRO_CHECK(t.defined(), "nitro::snapshot: \"", name, "\" in part \"", part,
+                  "\" is an undefined tensor; leave it out of the StateDict instead");
+      NITRO_CHECK(t.layout() == c10::kStrided && !t.is_nested() && !c10::isQIntType(t.scalar_type()),
+                  "nitro::snapshot: \"", name, "\" in part \"", part,
+                  "\" is not a dense tensor (sparse, nested or quantized); store a dense copy");
+      const at::Tensor host = t.detach().to(at::kCPU).contiguous();
+      put_string(name);
+      put_value<std::int32_t>(static_cast<std::int32_t>(host.scalar_type()));
+      put_value<std::uint32_t>(static_cast<std::uint32_t>(host.dim()));
+      for (const auto s : host.sizes()) put_value<std::int64_t>(s);
+      put_value<std::uint64_t>(host.nbytes());
+      if (host.nbytes() > 0) put(host.data_ptr(), host.nbytes());
+    }
+    put_value<std::uint64_t>(d.integers.size());
+    for (const auto& [name, v] : d.integers) put_string(name), put_value<std::int64_t>(v);
+    put_value<std::uint64_t>(d.numbers.size());
+    for (const auto& [name, v] : d.numbers) put_string(name), put_value<double>(v);
+    put_value<std::uint64_t>(d.strings.size());
+    for (const auto& [name, v] : d.strings) put_string(name), put_string(v);
+  }
+
+  void flush() {
+    if (buffer_.empty()) return;
+    file_->write(buffer_.data(), buffer_.size());
+    hash_.update(buffer_.data(), buffer_.size());
+    offset_ += buffer_.size();
+    buffer_.clear();
+  }
+  [[nodiscard]] std::uint64_t offset() const noexcept { return offset_; }
+
+ private:
+  io::AtomicFile* file_;
+  std::uint64_t offset_;
+  Manifest::Part part_;
+  io::Xxh64 hash_;
+  std::vector<char> buffer_;
+};
+
+/// Reads one part from the file, checking every length against what is left of the part and
+/// hashing every byte; the caller compares the hash once the part is read.
+class PartReader {
+ public:
+  PartReader(int fd, const std::filesystem::path& file, const Manifest::Part& part)
+      : fd_(fd), file_(&file), part_(&part), at_(part.offset), left_(part.bytes) {}
+
+  void get(void* data, std::size_t n) {
+    if (n > left_) fail("it ends early");
+    auto* p = static_cast<char*>(data);
+    std::size_t done = 0;
+    while (done < n) {
+      const ::ssize_t r = ::pread(fd_, p + done, n - done, static_cast<::off_t>(at_ + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) fail(r == 0 ? "the file ends early" : "a read failed");
+      done += static_cast<std::size_t>(r);
+    }
+    hash_.update(data, n);
+    at_ += n;
+    left_ -= n;
+  }
+  template <class T>
+  T get_value() {
+    T v;
+    get(&v, sizeof v);
+    return v;
+  }
+  std::string get_string() {
+    const auto n = get_value<std::uint64_t>();
+    if (n > left_) fail("a string is longer than the part");
+    std::string s(n, '\0');
+    get(s.data(), n);
+    return s;
+  }
+  std::uint64_t get_count(std::uint64_t smallest_entry) {
+    const auto n = get_value<std::uint64_t>();
+    if (n > left_ / smallest_entry) fail("a count is larger than the part can hold");
+    return n;
+  }
+
+  StateDict get_dict() {
+    StateDict d;
+    for (auto n = get_count(8 + 4 + 4 + 8); n > 0; --n) {
+      std::string name = get_string();
+      const auto dtype = get_value<std::int32_t>();
+      const auto ndim = get_value<std::uint32_t>();
+      if (dtype < 0 || dtype >= static_cast<std::int32_t>(c10::ScalarType::NumOptions)) fail("a dtype is invalid");
+      const auto type = static_cast<c10::ScalarType>(dtype);
+      if (c10::isQIntType(type) || type == c10::ScalarType::Undefined) fail("a dtype is invalid");
+      if (ndim > max_ndim) fail("a tensor has too many dimensions");
+      std::vector<std::int64_t> sizes(ndim);
+      std::uint64_t expected = 0;
+      try {
+        expected = c10::elementSize(type);
+      } catch (const std::exception&) {
+        fail("a dtype is invalid");
+      }
+      for (auto& s : sizes) {
+        s = get_value<std::int64_t>();
+        if (s < 0) fail("a tensor has a negative size");
+        if (__builtin_mul_overflow(expected, static_cast<std::uint64_t>(s), &expected)) fail("a tensor is too large");
+      }
+      const auto nbytes = get_value<std::uint64_t>();
+      if (nbytes != expected) fail("a tensor's byte count does not match its shape");
+      if (nbytes > left_) fail("a tensor is larger than the part");
+      at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(type));
+      if (nbytes > 0) get(t.data_ptr(), nbytes);
+      if (!d.tensors.emplace(std::move(name), std::move(t)).second) fail("a name appears twice");
+    }
+    for (auto n = get_count(16); n > 0; --n) {
+      std::string name = get_string();
+      if (!d.integers.emplace(std::move(name), get_value<std::int64_t>()).second) fail("a name appears twice");
+    }
+    for (auto n = get_count(16); n > 0; --n) {
+      std::string name = get_string();
+      if (!d.numbers.emplace(std::move(name), get_value<double>()).second) fail("a name appears twice");
+    }
+    for (auto n = get_count(16); n > 0; --n) {
+      std::string name = get_string();
+      if (!d.strings.emplace(std::move(name), get_string()).second) fail("a name appears twice");
+    }
+    finish();
+    return d;
+  }
+
+  /// Checks that the whole part was read and that its checksum matches the manifest's.
+  void finish() {
+    if (left_ != 0) fail("bytes are left over after its contents");
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION  // the fuzzer (tests/fuzz) reaches the decoder past it
+    if (hash_.digest() != part_->checksum) fail("its checksum does not match (a changed or damaged byte)");
+#endif
+  }
+
+  /// Reads the rest of the part without keeping it (to check its checksum).
+  void skip_rest() {
+    std::vector<char> buffer(std::min<std::uint64_t>(left_, 4u << 20));
+    while (left_ > 0) get(buffer.data(), std::min<std::uint64_t>(left_, buffer.size()));
+  }
+
+  [[noreturn]] void fail(std::string_view what) const { corrupt(*file_, part_->name, what); }
+
+ private:
+  int fd_;
+  const std::filesystem::path* file_;
+  const Manifest::Part* part_;
+  std::uint64_t at_, left_;
+  io::Xxh64 hash_;
+};
+
+inline std::string hex16(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, v);
+  return buf;
+}
+
+inline std::string manifest_text(const Manifest& m) {
+  std::ostringstream out;
+  out << "nitro-snapshot " << m.format_version << "\n"
+      << "libtorch " << m.libtorch << "\n"
+      << "nitro " << m.nitro << "\n"
+      << "time " << m.time << "\n"
+      << "step " << m.step << " " << m.micro_step << "\n";
+  for (const auto& p : m.parts) out << "part " << p.name << " " << p.offset << " " << p.bytes << " " << hex16(p.checksum) << "\n";
+  return std::move(out).str();
+}
+
+/// Parses a manifest's text; nothing when it is not one. Part names have no spaces.
+inline std::optional<Manifest> parse_manifest(std::string_view text) {
+  Manifest m;
+  bool have_version = false, have_step = false;
+  while (!text.empty()) {
+    const auto eol = text.find('\n');
+    if (eol == std::string_view::npos) return std::nullopt;  // every line ends with a newline
+    const std::string line(text.substr(0, eol));
+    text.remove_prefix(eol + 1);
+    std::istringstream in(line);
+    std::string key;
+    in >> key;
+    if (key == "nitro-snapshot") {
+      in >> m.format_version;
+      have_version = !in.fail();
+    } else if (key == "libtorch") {
+      in >> m.libtorch;
+    } else if (key == "nitro") {
+      in >> m.nitro;
+    } else if (key == "time") {
+      in >> m.time;
+    } else if (key == "step") {
+      in >> m.step >> m.micro_step;
+      have_step = !in.fail();
+    } else if (key == "part") {
+      Manifest::Part p;
+      std::string checksum;
+      in >> p.name >> p.offset >> p.bytes >> checksum;
+      if (in.fail() || checksum.size() != 16 || checksum.find_first_not_of("0123456789abcdef") != std::string::npos)
+        return std::nullopt;
+      p.checksum = std::stoull(checksum, nullptr, 16);
+      m.parts.push_back(std::move(p));
+    } else {
+      return std::nullopt;
+    }
+    std::string extra;
+    if (in >> extra) return std::nullopt;
+  }
+  if (!have_version || !have_step) return std::nullopt;
+  return m;
+}
+
+inline bool is_snapshot_name(std::string_view name) noexcept {
+  return name.starts_with("snapshot-") && name.ends_with(".nitro") && !io::is_temp_name(name);
+}
+
+}  // namespace detail
+
+/// An open snapshot file whose footer and manifest are checked; parts are read (and their checksums
+/// checked) on demand. Throws nitro::Error for a file that is not a readable snapshot of this format.
+class Reader {
+ public:
+  explicit Reader(std::filesystem::path file) : file_(std::move(file)) {
+    fd_.reset(::open(file_.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd_) {
+      const int err = errno;
+      ::nitro::detail::fail("nitro::snapshot: cannot open ", file_.string(), ": ", io::os_error(err),
+                            "; give the path of a snapshot file (snapshot::latest(directory) finds the newest)");
+    }
+    struct ::stat st {};
+    if (::fstat(fd_.get(), &st) != 0 || !S_ISREG(st.st_mode)) detail::corrupt(file_, "", "it is not a regular file");
+    size_ = static_cast<std::uint64_t>(st.st_size);
+    if (size_ < detail::header_bytes + detail::footer_bytes) detail::corrupt(file_, "", "it is too short (truncated?)");
+    char header[detail::header_bytes];
+    read_at(header, sizeof header, 0);
+    if (std::memcmp(header, detail::header_magic, 8) != 0) detail::corrupt(file_, "", "it does not begin like a snapshot");
+    std::uint32_t version;
+    std::memcpy(&version, header + 8, 4);
+    char footer[detail::footer_bytes];
+    read_at(footer, sizeof footer, size_ - sizeof footer);
+    if (std::memcmp(footer + 24, detail::footer_magic, 8) != 0)
+      detail::corrupt(file_, "", "its footer is missing (the file was cut short or is damaged)");
+    std::uint64_t offset, bytes, checksum;
+    std::memcpy(&offset, footer, 8);
+    std::memcpy(&bytes, footer + 8, 8);
+    std::memcpy(&checksum, footer + 16, 8);
+    if (bytes > detail::max_manifest_bytes || offset < detail::header_bytes ||
+        offset > size_ - detail::footer_bytes || bytes != size_ - detail::footer_bytes - offset)
+      detail::corrupt(file_, "", "its footer points outside the file");
+    std::string text(bytes, '\0');
+    read_at(text.data(), bytes, offset);
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+    if (io::xxh64({reinterpret_cast<const std::byte*>(text.data()), text.size()}) != checksum)
+      detail::corrupt(file_, "manifest", "its checksum does not match");
+#else
+    (void)checksum;
+#endif
+    auto manifest = detail::parse_manifest(text);
+    if (!manifest) detail::corrupt(file_, "manifest", "it is not a manifest this Nitro can parse");
+    NITRO_CHECK(manifest->format_version == format_version && version == format_version, "nitro::snapshot: ",
+                file_.string(), " has format version ", manifest->format_version, "; this Nitro (", version_string,
+                ") reads format version ", format_version, ". Load it with the Nitro that wrote it (", manifest->nitro,
+                ")");
+    for (const auto& p : manifest->parts) {
+      if (p.offset < detail::header_bytes || p.offset > offset || p.bytes > offset - p.offset)
+        detail::corrupt(file_, p.name, "the manifest places it outside the file");
+      for (const auto& q : manifest->parts)
+        if (&q != &p && q.name == p.name) detail::corrupt(file_, p.name, "the manifest lists it twice");
+    }
+    manifest_ = std::move(*manifest);
+  }
+
+  [[nodiscard]] const Manifest& manifest() const noexcept { return manifest_; }
+  [[nodiscard]] const std::filesystem::path& path() const noexcept { return file_; }
+  [[nodiscard]] bool has(std::string_view part) const noexcept { return manifest_.find(part) != nullptr; }
+
+  /// The part decoded, its checksum checked. Throws nitro::Error naming the part when it is absent or damaged.
+  [[nodiscard]] StateDict read(std::string_view part) const {
+    const auto* p = manifest_.find(part);
+    NITRO_CHECK(p != nullptr, "nitro::snapshot: ", file_.string(), " has no part \"", part,
+                "\"; it was saved without it (see snapshot::Contents)");
+    detail::PartReader in(fd_.get(), file_, *p);
+    return in.get_dict();
+  }
+
+  /// Reads every part and checks its checksum (no tensor is made). Throws nitro::Error naming the first
+  /// damaged part.
+  void verify() const {
+    for (const auto& p : manifest_.parts) {
+      detail::PartReader in(fd_.get(), file_, p);
+      in.skip_rest();
+      in.finish();
+    }
+  }
+
+ private:
+  void read_at(void* data, std::size_t n, std::uint64_t offset) const {
+    std::size_t done = 0;
+    while (done < n) {
+      const ::ssize_t r = ::pread(fd_.get(), static_cast<char*>(data) + done, n - done,
+                                  static_cast<::off_t>(offset + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) detail::corrupt(file_, "", "it ends early");
+      done += static_cast<std::size_t>(r);
+    }
+  }
+
+  std::filesystem::path file_;
+  io::Fd fd_;
+  std::uint64_t size_ = 0;
+  Manifest manifest_;
+};
+
+/// Whether `file` is a snapshot whose every part checks; the reason when it is not.
+[[nodiscard]] inline std::optional<std::string> check(const std::filesystem::path& file) {
+  try {
+    Reader(file).verify();
+    return std::nullopt;
+  } catch (const std::exception& e) {
+    return std::string(e.what());
+  }
+}
+
+/// The snapshot files of a directory (named snapshot-<step>-<micro>.nitro, as snapshot::Policy names
+/// them; temporary files are never listed), newest first by the step in the name.
+[[nodiscard]] inline std::vector<std::filesystem::path> list(const std::filesystem::path& directory) {
+  std::vector<std::pair<std::string, std::filesystem::path>> found;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(directory, ec)) {
+    const std::string name = e.path().filename().string();
+    std::error_code ignored;
+    if (detail::is_snapshot_name(name) && e.is_regular_file(ignored)) found.emplace_back(name, e.path());
+  }
+  // Zero-padded numbers: the names sort as the steps do.
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::filesystem::path> out;
+  for (auto& f : found) out.push_back(std::move(f.second));
+  return out;
+}
+
+/// The newest snapshot in `directory` that checks (every part read and its checksum compared),
+/// skipping damaged ones; nothing when there is none (or no directory).
+[[nodiscard]] inline std::optional<std::filesystem::path> latest(const std::filesystem::path& directory) {
+  for (auto& file : list(directory))
+    if (!check(file)) return file;
+  return std::nullopt;
+}
+
+/// Removes the temporary files that writers killed during a save left in `directory` (never a
+/// snapshot). Only while no other process is saving into it. Returns how many it removed.
+inline std::size_t remove_temporary_files(const std::filesystem::path& directory) {
+  std::size_t removed = 0;
+  std::error_code ec;
+  std::vector<std::filesystem::path> temps;
+  for (const auto& e : std::filesystem::directory_iterator(directory, ec)) {
+    const std::string name = e.path().filename().string();
+    if (io::is_temp_name(name) && name.starts_with(".snapshot-")) temps.push_back(e.path());
+  }
+  for (const auto& t : temps) {
+    std::error_code ignored;
+    removed += std::filesystem::remove(t, ignored) ? 1 : 0;
+  }
+  return removed;
+}
+
+/// The file name snapshot::Policy gives the snapshot at (optimizer step, micro-batch in the window).
+[[nodiscard]] inline std::string file_name(std::int64_t step, std::int64_t micro_step) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "snapshot-%012lld-%06lld.nitro", static_cast<long long>(step),
+                static_cast<long long>(micro_step));
+  return buf;
+}
+
+namespace detail {
+
+// ---- the parts: from live objects to StateDicts, and back after every check -------------------------
+
+inline StateDict model_part(torch::nn::Module& model) {
+  StateDict d;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) d.tensors.emplace("param/" + p.key(), p.value());
+  for (const auto& b : model.named_buffers(/*recurse=*/true))
+    if (b.value().defined()) d.tensors.emplace("buffer/" + b.key(), b.value());
+  return d;
+}
+
+inline StateDict grads_part(torch::nn::Module& model) {
+  StateDict d;
+  for (const auto& p : model.named_parameters(/*recurse=*/true))
+    if (p.value().grad().defined()) d.tensors.emplace(p.key(), p.value().grad());
+  return d;
+}
+
+inline std::string describe(const at::Tensor& t) {
+  std::ostringstream out;
+  out << t.sizes() << " " << c10::toString(t.scalar_type());
+  return std::move(out).str();
+}
+
+/// Checks that `saved` holds exactly the tensors `live` names, with the same shapes and dtypes.
+inline void check_same_tensors(const std::filesystem::path& file, std::string_view part,
+                               const std::map<std::string, at::Tensor, std::less<>>& saved,
+                               const std::vector<std::pair<std::string, at::Tensor>>& live, std::string_view what) {
+  for (const auto& [name, t] : live) {
+    const auto it = saved.find(name);
+    NITRO_CHECK(it != saved.end(), "nitro::snapshot: ", file.string(), ": part \"", part, "\" has no ", what, " \"",
+                name, "\" that this model has; load a snapshot of the same model");
+    NITRO_CHECK(it->second.sizes() == t.sizes() && it->second.scalar_type() == t.scalar_type(), "nitro::snapshot: ",
+                file.string(), ": part \"", part, "\": ", what, " \"", name, "\" is ", describe(it->second),
+                " in the snapshot and ", describe(t), " in this model; load a snapshot of the same model");
+  }
+  if (saved.size() != live.size()) {
+    for (const auto& [name, t] : saved) {
+      const bool here = std::any_of(live.begin(), live.end(), [&](const auto& l) { return l.first == name; });
+      NITRO_CHECK(here, "nitro::snapshot: ", file.string(), ": part \"", part, "\" has ", what, " \"", name,
+                  "\", which this model does not have; load a snapshot of the same model");
+    }
+  }
+}
+
+struct ModelLoad {
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (live, saved)
+  std::vector<std::pair<at::Tensor, at::Tensor>> grads;   // (parameter, saved gradient or undefined)
+};
+
+inline ModelLoad prepare_model(const std::filesystem::path& file, torch::nn::Module& model, StateDict&& saved,
+                               std::optional<StateDict>&& grads) {
+  std::vector<std::pair<std::string, at::Tensor>> live;
+  for (const auto& p : model.named_parameters(true)) live.emplace_back("param/" + p.key(), p.value());
+  for (const auto& b : model.named_buffers(true))
+    if (b.value().defined()) live.emplace_back("buffer/" + b.key(), b.value());
+  check_same_tensors(file, "model", saved.tensors, live, "parameter or buffer");
+  ModelLoad out;
+  for (auto& [name, t] : live) out.copies.emplace_back(t, std::move(saved.tensors.find(name)->second));
+  if (grads) {
+    std::vector<std::pair<std::string, at::Tensor>> params;
+    for (const auto& p : model.named_parameters(true)) params.emplace_back(p.key(), p.value());
+    for (const auto& [name, g] : grads->tensors) {
+      const auto it = std::find_if(params.begin(), params.end(), [&](const auto& p) { return p.first == name; });
+      NITRO_CHECK(it != params.end(), "nitro::snapshot: ", file.string(), ": part \"grads\" has a gradient for \"",
+                  name, "\", which this model does not have; load a snapshot of the same model");
+      NITRO_CHECK(g.sizes() == it->second.sizes() && g.scalar_type() == it->second.scalar_type(),
+                  "nitro::snapshot: ", file.string(), ": part \"grads\": the gradient of \"", name, "\" is ",
+                  describe(g), ", the parameter is ", describe(it->second));
+    }
+    for (auto& [name, p] : params) {
+      const auto it = grads->tensors.find(name);
+      out.grads.emplace_back(p, it != grads->tensors.end() ? it->second : at::Tensor{});
+    }
+  }
+  return out;
+}
+
+inline void apply_model(ModelLoad& load) {
+  at::NoGradGuard no_grad;
+  for (auto& [live, saved] : load.copies) live.detach().copy_(saved);
+  for (auto& [param, grad] : load.grads) {
+    if (!grad.defined()) {
+      param.mutable_grad() = at::Tensor{};
+    } else if (param.grad().defined() && param.grad().sizes() == grad.sizes() &&
+               param.grad().scalar_type() == grad.scalar_type()) {
+      param.mutable_grad().detach().copy_(grad);
+    } else {
+      param.mutable_grad() = grad.to(param.device(), /*non_blocking=*/false, /*copy=*/true);
+    }
+  }
+}
+
+inline std::string serialize_options(const torch::optim::OptimizerOptions& options) {
+  torch::serialize::OutputArchive archive;
+  options.serialize(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return std::move(out).str();
+}
+
+inline StateDict optimizer_part(torch::optim::Optimizer& optimizer) {
+  StateDict d;
+  auto& groups = optimizer.param_groups();
+  d.integers["groups"] = static_cast<std::int64_t>(groups.size());
+  std::int64_t k = 0;
+  bool known = true;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const std::string prefix = "group/" + std::to_string(g) + "/";
+    d.integers[prefix + "params"] = static_cast<std::int64_t>(groups[g].params().size());
+    if (groups[g].has_options()) d.strings[prefix + "options"] = serialize_options(groups[g].options());
+    for (const auto& p : groups[g].params()) {
+      const auto it = optimizer.state().find(p.unsafeGetTensorImpl());
+      const std::string key = "state/" + std::to_string(k++) + "/";
+      if (it == optimizer.state().end()) continue;
+      known = known && memory::detail::with_state_type(*it->second, [&]<class S>() {
+        auto& state = static_cast<S&>(*it->second);
+        d.strings[key + "type"] = std::string(memory::detail::state_type_name<S>);
+        if constexpr (memory::detail::state_has_step<S>) d.integers[key + "step"] = state.step();
+        int i = 0;
+        memory::detail::for_each_state_tensor(state, [&](const at::Tensor& t, auto) {
+          if (t.defined()) d.tensors.emplace(key + std::to_string(i), t);
+          ++i;
+        });
+      });
+    }
+  }
+  if (!known) {  // an optimizer whose state is not one of those above: LibTorch's own form, whole
+    d = StateDict{};
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    d.strings["torch_archive"] = std::move(out).str();
+  }
+  return d;
+}
+
+struct OptimizerLoad {
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;  // per group (null: none)
+  std::vector<std::pair<void*, std::unique_ptr<torch::optim::OptimizerParamState>>> states;
+  std::optional<std::string> torch_archive;
+};
+
+inline OptimizerLoad prepare_optimizer(const std::filesystem::path& file, torch::optim::Optimizer& optimizer,
+                                       const StateDict& saved) {
+  OptimizerLoad out;
+  const auto bad = [&](auto&&... what) {
+    ::nitro::detail::fail("nitro::snapshot: ", file.string(), ": part \"optimizer\": ", what...,
+                          "; load a snapshot of the same optimizer over the same parameters");
+  };
+  if (const auto it = saved.strings.find("torch_archive"); it != saved.strings.end()) {
+    // LibTorch's API checks this form only by loading it into the optimizer: load() does that first,
+    // with a backup to put back if it fails.
+    out.torch_archive = it->second;
+    return out;
+  }
+  auto& groups = optimizer.param_groups();
+  const auto n = saved.integer("groups", "nitro::snapshot: part \"optimizer\"");
+  if (n != static_cast<std::int64_t>(groups.size()))
+    bad("the snapshot has ", n, " parameter groups, this optimizer ", groups.size());
+  std::int64_t k = 0;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const std::string prefix = "group/" + std::to_string(g) + "/";
+    const auto count = saved.integer(prefix + "params", "nitro::snapshot: part \"optimizer\"");
+    if (count != static_cast<std::int64_t>(groups[g].params().size()))
+      bad("group ", g, " has ", count, " parameters in the snapshot and ", groups[g].params().size(), " here");
+    const auto opt = saved.strings.find(prefix + "options");
+    if (opt != saved.strings.end() && groups[g].has_options()) {
+      auto options = groups[g].options().clone();
+      try {
+        torch::serialize::InputArchive archive;
+        std::istringstream in(opt->second);
+        archive.load_from(in);
+        options->serialize(archive);
+      } catch (const std::exception& e) {
+        bad("the options of group ", g, " do not load into this optimizer's (", e.what(), ")");
+      }
+      out.options.push_back(std::move(options));
+    } else {
+      if ((opt != saved.strings.end()) != groups[g].has_options())
+        bad("group ", g, opt != saved.strings.end() ? " has options in the snapshot and none here" : " has no options in the snapshot");
+      out.options.push_back(nullptr);
+    }
+    for (const auto& p : groups[g].params()) {
+      const std::string key = "state/" + std::to_string(k++) + "/";
+      const auto type = saved.strings.find(key + "type");
+      if (type == saved.strings.end()) continue;  // no state yet (no step taken)
+      std::unique_ptr<torch::optim::OptimizerParamState> state;
+      const bool known = memory::detail::with_state_type_named(type->second, [&]<class S>() {
+        auto s = std::make_unique<S>();
+        if constexpr (memory::detail::state_has_step<S>) s->step(saved.integer(key + "step", "nitro::snapshot: part \"optimizer\""));
+        int i = 0;
+        memory::detail::for_each_state_tensor(*s, [&](const at::Tensor&, auto set) {
+          const auto t = saved.tensors.find(key + std::to_string(i++));
+          if (t == saved.tensors.end()) return;
+          if (t->second.sizes() != p.sizes())
+            bad("the state of parameter ", k - 1, " (group ", g, ") is ", describe(t->second), ", the parameter ",
+                describe(p));
+          set(t->second);
+        });
+        state = std::move(s);
+      });
+      if (!known) bad("parameter ", k - 1, " has a state of unknown type \"", type->second, "\"");
+      // The optimizer's own type must make this kind of state: Adam's state in an SGD is refused.
+      if (const auto live = optimizer.state().find(p.unsafeGetTensorImpl()); live != optimizer.state().end()) {
+        if (typeid(*live->second) != typeid(*state))
+          bad("parameter ", k - 1, " has a ", type->second, " state in the snapshot and another kind here");
+      }
+      out.states.emplace_back(p.unsafeGetTensorImpl(), std::move(state));
+    }
+  }
+  return out;
+}
+
+inline void apply_optimizer(torch::optim::Optimizer& optimizer, OptimizerLoad& load) {
+  if (load.torch_archive) {
+    optimizer.state().clear();
+    torch::serialize::InputArchive archive;
+    std::istringstream in(*load.torch_archive);
+    archive.load_from(in);
+    optimizer.load(archive);
+    return;
+  }
+  auto& groups = optimizer.param_groups();
+  for (std::size_t g = 0; g < groups.size(); ++g)
+    if (load.options[g]) groups[g].set_options(std::move(load.options[g]));
+  std::map<void*, c10::Device> devices;
+  for (auto& group : groups)
+    for (const auto& p : group.params()) devices.emplace(p.unsafeGetTensorImpl(), p.device());
+  optimizer.state().clear();
+  for (auto& [key, state] : load.states) {
+    const auto device = devices.at(key);
+    memory::detail::with_state_type(*state, [&]<class S>() {
+      memory::detail::for_each_state_tensor(static_cast<S&>(*state), [&](const at::Tensor& t, auto set) {
+        if (t.defined() && t.device() != device) set(t.to(device, false, true));
+      });
+    });
+    optimizer.state()[key] = std::move(state);
+  }
+}
+
+inline StateDict rng_part() {
+  StateDict d;
+  {
+    auto cpu = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    d.tensors["cpu"] = cpu.get_state();
+  }
+#if NITRO_WITH_CUDA
+  if (at::cuda::is_available())
+    for (c10::DeviceIndex i = 0; i < static_cast<c10::DeviceIndex>(at::cuda::device_count()); ++i) {
+      auto gen = at::cuda::detail::getDefaultCUDAGenerator(i);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      d.tensors["cuda/" + std::to_string(i)] = gen.get_state();
+    }
+#endif
+  return d;
+}
+
+inline void check_rng(const std::filesystem::path& file, const StateDict& saved) {
+  const auto cpu = saved.tensors.find("cpu");
+  const at::Tensor now = at::detail::getDefaultCPUGenerator().get_state();
+  NITRO_CHECK(cpu != saved.tensors.end() && cpu->second.sizes() == now.sizes() &&
+                  cpu->second.scalar_type() == now.scalar_type(),
+              "nitro::snapshot: ", file.string(), ": part \"rng\" holds no CPU generator state of this LibTorch's form");
+}
+
+/// Puts the generators back: the CPU's, and each GPU's that this process has (a snapshot of a
+/// machine with more GPUs restores those that exist here).
+inline void apply_rng(const StateDict& saved) {
+  {
+    auto cpu = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    cpu.set_state(saved.tensors.at("cpu"));
+  }
+#if NITRO_WITH_CUDA
+  if (at::cuda::is_available())
+    for (c10::DeviceIndex i = 0; i < static_cast<c10::DeviceIndex>(at::cuda::device_count()); ++i)
+      if (const auto it = saved.tensors.find("cuda/" + std::to_string(i)); it != saved.tensors.end())
+      {
+        auto gen = at::cuda::detail::getDefaultCUDAGenerator(i);
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(it->second);
+      }
+#endif
+}
+
+inline StateDict sampler_part(const data::SamplerState& s) {
+  StateDict d;
+  d.integers["seed"] = static_cast<std::int64_t>(s.seed);
+  d.integers["epoch"] = s.epoch;
+  d.integers["index"] = s.index;
+  d.integers["size"] = s.size;
+  d.integers["shuffle"] = s.shuffle ? 1 : 0;
+  return d;
+}
+inline data::SamplerState sampler_state(const StateDict& d) {
+  constexpr std::string_view owner = "nitro::snapshot: part \"data\"";
+  return {static_cast<std::uint64_t>(d.integer("seed", owner)), d.integer("epoch", owner), d.integer("index", owner),
+          d.integer("size", owner), d.integer("shuffle", owner) != 0};
+}
+
+/// A loop, seen by save and load through its state (so that this header needs no TrainingLoop type).
+struct LoopAccess {
+  std::function<StateDict()> save;
+  std::function<void(const StateDict&)> load;  // validates first; throws changing nothing
+  std::int64_t step = 0, micro_step = 0;
+};
+
+template <class State>
+StateDict loop_part(const State& s) {
+  StateDict d;
+  d.integers["accumulation_steps"] = s.accumulation_steps;
+  d.integers["pending_micro_batches"] = s.pending_micro_batches;
+  d.integers["optimizer_steps"] = s.optimizer_steps;
+  d.integers["skipped_steps"] = s.skipped_steps;
+  d.integers["split"] = s.split;
+  d.integers["splits_made"] = s.splits_made;
+  if (s.loss_scale) {
+    d.numbers["loss_scale/scale"] = s.loss_scale->scale;
+    d.numbers["loss_scale/growth_factor"] = s.loss_scale->growth_factor;
+    d.numbers["loss_scale/backoff_factor"] = s.loss_scale->backoff_factor;
+    d.integers["loss_scale/growth_interval"] = s.loss_scale->growth_interval;
+    d.integers["loss_scale/growth_tracker"] = s.loss_scale->growth_tracker;
+  }
+  return d;
+}
+
+template <class State>
+State loop_state(const StateDict& d) {
+  constexpr std::string_view owner = "nitro::snapshot: part \"loop\"";
+  State s;
+  s.accumulation_steps = d.integer("accumulation_steps", owner);
+  s.pending_micro_batches = d.integer("pending_micro_batches", owner);
+  s.optimizer_steps = d.integer("optimizer_steps", owner);
+  s.skipped_steps = d.integer("skipped_steps", owner);
+  s.split = d.integer("split", owner);
+  s.splits_made = d.integer("splits_made", owner);
+  if (d.numbers.contains("loss_scale/scale")) {
+    s.loss_scale = LossScaleState{d.number("loss_scale/scale", owner), d.number("loss_scale/growth_factor", owner),
+                                  d.number("loss_scale/backoff_factor", owner),
+                                  d.integer("loss_scale/growth_interval", owner),
+                                  d.integer("loss_scale/growth_tracker", owner)};
+  }
+  return s;
+}
+
+inline void save(const std::filesystem::path& file, const Contents& c, const LoopAccess* loop,
+                 const std::map<std::string, StateDict, std::less<>>* hooks, const SaveOptions& options) {
+  if (file.has_parent_path()) {
+    std::error_code ec;
+    std::filesystem::create_directories(file.parent_path(), ec);
+  }
+  io::AtomicFile out(file, {.fsync = options.fsync});
+  char header[header_bytes] = {};
+  std::memcpy(header, header_magic, 8);
+  std::memcpy(header + 8, &format_version, 4);
+  out.write(header, sizeof header);
+  PartWriter w(out, header_bytes);
+  Manifest m{format_version, libtorch_version(), version_string, utc_now(), 0, 0, {}};
+  const auto part = [&](std::string name, const StateDict& d) {
+    w.begin(name);
+    w.put_dict(d, name);
+    m.parts.push_back(w.end());
+  };
+  if (c.model != nullptr) {
+    part("model", model_part(*c.model));
+    part("grads", grads_part(*c.model));
+  }
+  if (c.optimizer != nullptr) part("optimizer", optimizer_part(*c.optimizer));
+  if (loop != nullptr) {
+    part("loop", loop->save());
+    m.step = loop->step;
+    m.micro_step = loop->micro_step;
+  }
+  if (hooks != nullptr)
+    for (const auto& [name, d] : *hooks) part("hook/" + name, d);
+  if (c.rng) part("rng", rng_part());
+  if (c.sampler != nullptr) part("data", sampler_part(c.sampler->state()));
+  if (c.extras != nullptr) part("extras", *c.extras);
+  const std::string text = manifest_text(m);
+  const std::uint64_t offset = w.offset();
+  out.write(text.data(), text.size());
+  char footer[footer_bytes];
+  const std::uint64_t bytes = text.size();
+  const std::uint64_t checksum = io::xxh64({reinterpret_cast<const std::byte*>(text.data()), text.size()});
+  std::memcpy(footer, &offset, 8);
+  std::memcpy(footer + 8, &bytes, 8);
+  std::memcpy(footer + 16, &checksum, 8);
+  std::memcpy(footer + 24, footer_magic, 8);
+  out.write(footer, sizeof footer);
+  out.commit();
+}
+
+/// Reads and checks every part first, then changes the objects: the loop (its own check may refuse
+/// its state), then the model, the gradients, the optimizer, the sampler, the generators, the extras.
+inline Manifest load(const std::filesystem::path& file, const Contents& c, const LoopAccess* loop) {
+  Reader reader(file);
+  reader.verify();  // every part's checksum, including those not loaded
+  std::optional<ModelLoad> model;
+  if (c.model != nullptr)
+    model = prepare_model(file, *c.model, reader.read("model"),
+                          reader.has("grads") ? std::optional<StateDict>(reader.read("grads")) : std::nullopt);
+  std::optional<OptimizerLoad> optimizer;
+  if (c.optimizer != nullptr) optimizer = prepare_optimizer(file, *c.optimizer, reader.read("optimizer"));
+  std::optional<StateDict> rng;
+  if (c.rng) {
+    rng = reader.read("rng");
+    check_rng(file, *rng);
+  }
+  std::optional<data::SamplerState> sampler;
+  if (c.sampler != nullptr) sampler = sampler_state(reader.read("data"));
+  std::optional<StateDict> extras;
+  if (c.extras != nullptr) extras = reader.read("extras");
+  std::optional<StateDict> loop_dict;
+  if (loop != nullptr) loop_dict = reader.read("loop");
+  // The sampler checks its state against itself without changing it; then a copy is loaded below.
+  if (sampler) {
+    const data::SamplerState now = c.sampler->state();
+    data::ResumableSampler probe(static_cast<std::size_t>(now.size), {.seed = now.seed, .shuffle = now.shuffle});
+    try {
+      probe.load_state(*sampler);
+    } catch (const Error& e) {
+      ::nitro::detail::fail("nitro::snapshot: ", file.string(), ": part \"data\": ", e.what());
+    }
+  }
+  // Everything is read and checked; the loop's load_state checks its own state and hooks last.
+  std::optional<StateDict> loop_before;
+  if (loop != nullptr) {
+    if (loop->save) loop_before = loop->save();
+    try {
+      loop->load(*loop_dict);
+    } catch (const Error& e) {
+      ::nitro::detail::fail("nitro::snapshot: ", file.string(), ": part \"loop\": ", e.what());
+    }
+  }
+  // An optimizer in LibTorch's own form is checked only by loading it: if that fails, it and the
+  // loop are put back, and nothing else has changed yet.
+  if (optimizer && optimizer->torch_archive) {
+    memory::StateBackup backup(nullptr, c.optimizer);
+    try {
+      apply_optimizer(*c.optimizer, *optimizer);
+    } catch (const std::exception& e) {
+      backup.restore();
+      if (loop_before) loop->load(*loop_before);
+      ::nitro::detail::fail("nitro::snapshot: ", file.string(), ": part \"optimizer\" does not load into this "
+                            "optimizer (", e.what(), "); load a snapshot of the same optimizer");
+    }
+  }
+  if (model) apply_model(*model);
+  if (optimizer && !optimizer->torch_archive) apply_optimizer(*c.optimizer, *optimizer);
+  if (sampler) c.sampler->load_state(*sampler);
+  if (rng) apply_rng(*rng);
+  if (extras) *c.extras = std::move(*extras);
+  return reader.manifest();
+}
+
+}  // namespace detail
+
+/// Saves model, optimizer, sampler, extras and generators (those given) into `file`, atomically.
+inline void save(const std::filesystem::path& file, const Contents& contents, const SaveOptions& options = {}) {
+  detail::save(file, contents, nullptr, nullptr, options);
+}
+
+/// Loads what `contents` names from `file`, after checking all of it; see the top of this header.
+/// Returns the snapshot's manifest.
+inline Manifest load(const std::filesystem::path& file, const Contents& contents) {
+  return detail::load(file, contents, nullptr);
+}
+
+
+/// Saves a TrainingLoop's whole run: its model, optimizer and State (hook policies' states as parts
+/// "hook/<name>"), the generators, and what `contents` adds (sampler, extras). Between steps, or
+/// from a hook; in the middle of an accumulation window the gradients so far are saved too.
+template <class Loop>
+  requires requires(Loop& l) {
+    l.state();
+    l.model();
+    l.optimizer();
+  }
+void save(const std::filesystem::path& file, Loop& loop, Contents contents = {}, const SaveOptions& options = {}) {
+  if (contents.model == nullptr) contents.model = &loop.model();
+  if (contents.optimizer == nullptr) contents.optimizer = &loop.optimizer();
+  auto state = loop.state();
+  detail::LoopAccess access;
+  access.step = state.optimizer_steps;
+  access.micro_step = state.pending_micro_batches;
+  access.save = [&state] { return detail::loop_part(state); };
+  detail::save(file, contents, &access, &state.hooks, options);
+}
+
+/// Loads a TrainingLoop's run from `file` (see save above), after checking all of it: a snapshot of
+/// another model, optimizer or loop type is refused with the difference named, and nothing changes.
+template <class Loop>
+  requires requires(Loop& l) {
+    l.state();
+    l.model();
+    l.optimizer();
+  }
+Manifest load(const std::filesystem::path& file, Loop& loop, Contents contents = {}) {
+  if (contents.model == nullptr) contents.model = &loop.model();
+  if (contents.optimizer == nullptr) contents.optimizer = &loop.optimizer();
+  // The hook states are parts of their own; they are read here and handed to the loop's load_state.
+  std::map<std::string, StateDict, std::less<>> hooks;
+  {
+    Reader reader(file);
+    for (const auto& p : reader.manifest().parts)
+      if (p.name.starts_with("hook/")) hooks.emplace(p.name.substr(5), reader.read(p.name));
+  }
+  detail::LoopAccess access;
+  std::map<std::string, StateDict, std::less<>> hooks_before;
+  access.save = [&] {
+    auto s = loop.state();
+    hooks_before = std::move(s.hooks);
+    return detail::loop_part(s);
+  };
+  bool first = true;
+  access.load = [&](const StateDict& d) {
+    auto s = detail::loop_state<typename Loop::State>(d);
+    s.hooks = first ? hooks : hooks_before;  // the snapshot's, or (putting back) the loop's own
+    first = false;
+    loop.load_state(s);
+  };
+  return detail::load(file, contents, &access);
+}
+
+
+// ---- snapshot::Policy ----------------------------------------------------------------------------------
+
+namespace detail {
+// The signal a Policy caught and has not yet acted on (0: none). A lock-free atomic: setting it is
+// all the handler does.
+inline std::atomic<int> caught_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+extern "C" inline void on_stop_signal(int signo) { caught_signal.store(signo, std::memory_order_relaxed); }
+}  // namespace detail
+
+/// A hook policy that writes snapshots of the loop's run into a directory: every N optimizer steps,
+/// every T minutes (checked after each optimizer step), and when the process receives SIGTERM or
+/// SIGINT (the current step finishes, a snapshot is written, and the step returns with
+/// StepResult::stop set and stop_reason "SIGTERM" or "SIGINT": the caller returns, and the job ends
+/// with everything saved, as preemptible cluster jobs need). The signal handler only sets a flag; it
+/// is installed with SA_RESETHAND, so a second signal while the snapshot is written ends the process
+/// as usual (the snapshot being written is then simply not there; the previous ones are intact).
+/// The handlers in place before are put back when the loop is destroyed.
+///
+///   using Loop = nitro::TrainingLoop<nitro::amp::Bf16, nitro::snapshot::Policy>;
+///   Loop loop{model, optimizer, {.hooks = {{.directory = "runs/a", .every_steps = 1000, .keep_last = 3,
+///                                           .sampler = &sampler}}}};
+///   if (auto last = nitro::snapshot::latest("runs/a")) nitro::snapshot::load(*last, loop, {.sampler = &sampler});
+///   for (...; ...; ...) if (loop.step(batch, loss_fn).stop) return 0;
+///
+/// Files are named snapshot-<step>-<micro>.nitro; the newest keep_last are kept, older ones removed
+/// after each new one is safely written.
+class Policy {
+ public:
+  using family = nitro::family::Hook;
+  static constexpr std::string_view name = "snapshot";
+  static constexpr bool enabled = true;
+  struct Options {
+    /// Where the snapshots go (created if missing).
+    std::filesystem::path directory;
+    /// Save after every N optimizer steps (0: not by steps).
+    std::int64_t every_steps = 0;
+    /// Save when T minutes have passed since the last snapshot (0: not by time).
+    double every_minutes = 0;
+    /// Snapshots kept, >= 1.
+    int keep_last = 3;
+    /// Save and ask the caller to stop on SIGTERM and SIGINT.
+    bool on_signal = true;
+    /// Saved with the run (see snapshot::Contents).
+    data::ResumableSampler* sampler = nullptr;
+    StateDict* extras = nullptr;
+    bool fsync = true;
+  };
+
+  explicit Policy(const Options& options) : o_(options) {
+    NITRO_CHECK(!o_.directory.empty(), "snapshot::Policy: directory is empty; give the snapshots' directory, e.g. "
+                                       "{.directory = \"runs/a\", .every_steps = 1000}");
+    NITRO_CHECK(o_.every_steps >= 0, "snapshot::Policy: every_steps must be >= 0 (0: off), got ", o_.every_steps);
+    NITRO_CHECK(std::isfinite(o_.every_minutes) && o_.every_minutes >= 0,
+                "snapshot::Policy: every_minutes must be >= 0 (0: off), got ", o_.every_minutes);
+    NITRO_CHECK(o_.keep_last >= 1, "snapshot::Policy: keep_last must be >= 1, got ", o_.keep_last);
+    NITRO_CHECK(o_.every_steps > 0 || o_.every_minutes > 0 || o_.on_signal,
+                "snapshot::Policy: nothing would ever be saved; set every_steps, every_minutes or on_signal");
+    std::error_code ec;
+    std::filesystem::create_directories(o_.directory, ec);
+    NITRO_CHECK(std::filesystem::is_directory(o_.directory), "snapshot::Policy: cannot create the directory ",
+                o_.directory.string(), ": ", ec ? ec.message() : "a file of that name is in the way",
+                "; give a writable directory");
+    remove_temporary_files(o_.directory);  // one writer per directory: a killed run's leftovers
+    if (o_.on_signal) {
+      struct ::sigaction action {};
+      action.sa_handler = &detail::on_stop_signal;
+      ::sigemptyset(&action.sa_mask);
+      action.sa_flags = SA_RESETHAND | SA_RESTART;
+      ::sigaction(SIGTERM, &action, &previous_term_);
+      ::sigaction(SIGINT, &action, &previous_int_);
+      installed_ = true;
+    }
+  }
+  Policy(const Policy&) = delete;
+  Policy& operator=(const Policy&) = delete;
+  ~Policy() {
+    if (installed_) {
+      ::sigaction(SIGTERM, &previous_term_, nullptr);
+      ::sigaction(SIGINT, &previous_int_, nullptr);
+    }
+  }
+
+  template <class Loop>
+  void after_optimizer_step(Loop& loop, StepResult&) {
+    const bool by_steps = o_.every_steps > 0 && loop.optimizer_steps() % o_.every_steps == 0;
+    const bool by_time = o_.every_minutes > 0 &&
+                         std::chrono::steady_clock::now() - last_time_ >= std::chrono::duration<double, std::ratio<60>>(o_.every_minutes);
+    if (by_steps || by_time) save_now(loop);
+  }
+
+  template <class Loop>
+  void on_step_end(Loop& loop, StepResult& result, std::int64_t) {
+    ++steps_ended_;
+    if (!o_.on_signal) return;
+    const int signo = detail::caught_signal.exchange(0, std::memory_order_relaxed);
+    if (signo == 0) return;
+    save_now(loop);
+    result.stop = true;
+    result.stop_reason = signo == SIGTERM ? "SIGTERM" : signo == SIGINT ? "SIGINT" : "signal";
+  }
+
+  /// Writes a snapshot now (also from outside a step), rotates, and returns its path.
+  template <class Loop>
+  std::filesystem::path save_now(Loop& loop) {
+    const std::int64_t step = loop.optimizer_steps(), micro = loop.pending_micro_batches();
+    std::filesystem::path file = o_.directory / file_name(step, micro);
+    // Saved already in this very step (by steps, then on a signal): the state has not changed since.
+    const std::array<std::int64_t, 3> key{step, micro, steps_ended_};
+    if (key != saved_at_) {
+      snapshot::save(file, loop, {.sampler = o_.sampler, .extras = o_.extras}, {.fsync = o_.fsync});
+      ++written_;
+      saved_at_ = key;
+      rotate();
+    }
+    last_ = file;
+    last_time_ = std::chrono::steady_clock::now();
+    return file;
+  }
+
+  /// The last snapshot this policy wrote, if any.
+  [[nodiscard]] const std::optional<std::filesystem::path>& last_snapshot() const noexcept { return last_; }
+  /// Snapshots written so far.
+  [[nodiscard]] std::int64_t snapshots_written() const noexcept { return written_; }
+  [[nodiscard]] const Options& options() const noexcept { return o_; }
+
+ private:
+  void rotate() {
+    const auto files = list(o_.directory);
+    bool removed = false;
+    for (std::size_t i = static_cast<std::size_t>(o_.keep_last); i < files.size(); ++i) {
+      std::error_code ec;
+      removed = std::filesystem::remove(files[i], ec) || removed;
+    }
+    if (removed && o_.fsync) io::sync_directory(o_.directory);
+  }
+
+  Options o_;
+  std::optional<std::filesystem::path> last_;
+  std::array<std::int64_t, 3> saved_at_{-1, -1, -1};
+  std::int64_t steps_ended_ = 0;
+  std::int64_t written_ = 0;
+  std::chrono::steady_clock::time_point last_time_ = std::chrono::steady_clock::now();
+  struct ::sigaction previous_term_ {};
+  struct ::sigaction previous_int_ {};
+  bool installed_ = false;
+};
+
+}  // namespace nitro::snapshot

@@ -1,0 +1,234 @@
+#pragma once
+// Hook policies: what a TrainingLoop does besides forward, backward and the optimizer step, written
+// outside Nitro and plugged in as a type. A hook policy is a Policy of the Hook family (core/concepts.hpp:
+// HookPolicy) with any of the members below; the loop owns one object of it, made from its Options
+// (and the model's device, if it takes one), and calls each member it has, under `if constexpr`: a
+// member a hook lacks costs nothing, and a loop without hooks is the loop without this header.
+//
+//   struct CountSteps {                                        // a user's hook, nothing to register
+//     using family = nitro::family::Hook;
+//     static constexpr std::string_view name = "count_steps";  // the key of its state in snapshots
+//     static constexpr bool enabled = true;
+//     struct Options { std::int64_t every = 100; };
+//     explicit CountSteps(const Options& o) : o_(o) {}
+//     template <class Loop> void after_optimizer_step(Loop& loop, nitro::StepResult& r) {
+//       if (r.stepped && loop.optimizer_steps() % o_.every == 0) std::printf("step %lld\n", ...);
+//     }
+//     nitro::StateDict state_dict() const { ... }             // saved in snapshots, restored by
+//     void load_state_dict(const nitro::StateDict& s) { ... }  // load_state (validate first, then change)
+//     Options o_;
+//   };
+//   nitro::TrainingLoop<nitro::amp::Bf16, CountSteps> loop{model, opt, {.hooks = {CountSteps::Options{.every = 10}}}};
+//   loop.hook<CountSteps>()   // the object
+//
+// The points of one step, in order (Loop is the TrainingLoop's type; members may be templates on it):
+//   on_step_begin(Loop&)                                   before the forward of each micro-batch
+//   after_forward(Loop&, const at::Tensor& loss)           the loss function returned (loss not detached)
+//   after_backward(Loop&)                                  the micro-batch's backward finished
+//   before_optimizer_step(Loop&, detail::GradGroups&, StepResult&)
+//                                                          the window is full: gradients summed and
+//                                                          unscaled, before the inf check and the step
+//   after_optimizer_step(Loop&, StepResult&)               stepped (or skipped), gradients zeroed,
+//                                                          counters updated: the run's state is whole,
+//                                                          as a snapshot needs; set StepResult::stop to
+//                                                          ask the caller to stop
+//   on_step_end(Loop&, StepResult&, std::int64_t rows)     end of every micro-batch; rows (size of
+//                                                          dimension 0 of the batch) is counted only when
+//                                                          a hook says `static constexpr bool wants_batch_rows = true`
+//   StateDict state_dict() const / void load_state_dict(const StateDict&)
+//                                                          part of the loop's State (and so of snapshots)
+//
+// Hooks run in this order at each point: the monitor policy's recorder, the hook policies in the
+// order the loop's type lists them, then the clip policy (clip and monitor are hooks too, adapted
+// below). A hook that throws makes the step throw: before the optimizer step the window is dropped,
+// as for any failed step. Adaptive accumulation calls after_forward/after_backward once per part.
+#include <nitro/core/concepts.hpp>
+#include <nitro/core/device.hpp>
+#include <nitro/core/state_dict.hpp>
+#include <nitro/train/amp.hpp>
+
+#include <ATen/core/Tensor.h>
+
+#include <concepts>
+#include <cstddef>
+#include <iterator>
+#include <cstdint>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace nitro {
+
+/// What one TrainingLoop::step did. Tensors are on the device; reading them synchronises.
+struct StepResult {
+  /// The micro-batch's loss as the loss function returned it (not divided, not scaled), detached.
+  at::Tensor loss;
+  /// The optimizer stepped after this micro-batch.
+  bool stepped = false;
+  /// An optimizer step was due and was skipped because a gradient (or the loss) was inf or NaN.
+  bool skipped = false;
+  /// The loss scale after this step (amp::Fp16 only; undefined otherwise): a copy, which later steps
+  /// do not change.
+  at::Tensor loss_scale;
+  /// The total gradient norm before clipping (clip::Norm, on steps that stepped or skipped).
+  at::Tensor grad_norm;
+  /// A hook asks the caller to stop the run after this step (snapshot::Policy after a SIGTERM, once
+  /// the snapshot is written); `stop_reason` says why, for the log.
+  bool stop = false;
+  std::string_view stop_reason{};
+};
+
+namespace detail {
+
+template <class P, class... Ps>
+inline constexpr std::size_t index_of = 0;
+template <class P, class Q, class... Ps>
+inline constexpr std::size_t index_of<P, Q, Ps...> = std::is_same_v<P, Q> ? 0 : 1 + index_of<P, Ps...>;
+
+/// The hook policies among a loop's policies, in order, as a std::tuple.
+template <class... Ps>
+struct hook_list {
+  using type = std::tuple<>;
+};
+template <class P, class... Ps>
+struct hook_list<P, Ps...> {
+  using rest = typename hook_list<Ps...>::type;
+  using type = std::conditional_t<OfFamily<P, family::Hook>,
+                                  decltype(std::tuple_cat(std::declval<std::tuple<P>>(), std::declval<rest>())), rest>;
+};
+
+/// Makes a hook from its options and the model's device, whichever way it is made.
+template <class P, class O>
+P make_hook(const O& options, const c10::Device& device) {
+  if constexpr (std::constructible_from<P, const O&, const c10::Device&>) {
+    return P(options, device);
+  } else if constexpr (std::constructible_from<P, const O&>) {
+    return P(options);
+  } else {
+    return P();
+  }
+}
+
+/// A place in the loop's tuple of hooks, made in place (a hook need not be movable).
+template <class P>
+struct HookSlot {
+  template <class Args>
+  explicit HookSlot(const Args& args) : hook(make_hook<P>(args.template options<P>(), args.device)) {}
+  P hook;
+};
+
+/// The monitor policy as a hook: its recorder is told when each phase ends.
+template <class M>
+struct MonitorHook {
+  using family = nitro::family::Hook;
+  static constexpr std::string_view name = "monitor";
+  static constexpr bool enabled = M::enabled;
+  static constexpr bool wants_batch_rows = true;
+  struct Options {};
+  MonitorHook(const typename M::Options& options, const c10::Device& device) : recorder(options, device) {}
+  template <class Loop>
+  void on_step_begin(Loop&) {
+    recorder.begin_step();
+  }
+  template <class Loop>
+  void after_forward(Loop&, const at::Tensor&) {
+    recorder.mark(Phase::forward);
+  }
+  template <class Loop>
+  void after_backward(Loop&) {
+    recorder.mark(Phase::backward);
+  }
+  template <class Loop>
+  void on_step_end(Loop&, StepResult&, std::int64_t rows) {
+    recorder.mark(Phase::optimizer);
+    recorder.end_step(rows);
+  }
+  typename M::Recorder recorder;
+};
+/// monitor::Off: no members, so no calls.
+template <class M>
+  requires(!M::enabled)
+struct MonitorHook<M> {
+  using family = nitro::family::Hook;
+  static constexpr std::string_view name = "monitor";
+  static constexpr bool enabled = false;
+  struct Options {};
+  MonitorHook(const typename M::Options&, const c10::Device&) noexcept {}
+};
+
+/// The clip policy as a hook: clips the unscaled gradients before the optimizer step.
+template <class C>
+struct ClipHook {
+  using family = nitro::family::Hook;
+  static constexpr std::string_view name = "clip";
+  static constexpr bool enabled = C::enabled;
+  struct Options {};
+  explicit ClipHook(const typename C::Options& o) : options(o) { C::validate(options); }
+  template <class Loop>
+  void before_optimizer_step(Loop&, GradGroups& grads, StepResult& result) {
+    result.grad_norm = C::apply(grads, options);
+  }
+  typename C::Options options;
+};
+template <class C>
+  requires(!C::enabled)
+struct ClipHook<C> {
+  using family = nitro::family::Hook;
+  static constexpr std::string_view name = "clip";
+  static constexpr bool enabled = false;
+  struct Options {};
+  explicit ClipHook(const typename C::Options&) noexcept {}
+};
+
+// Which points a hook has, for a loop of type Loop.
+template <class H, class Loop>
+concept HasStepBegin = requires(H& h, Loop& l) { h.on_step_begin(l); };
+template <class H, class Loop>
+concept HasAfterForward = requires(H& h, Loop& l, const at::Tensor& t) { h.after_forward(l, t); };
+template <class H, class Loop>
+concept HasAfterBackward = requires(H& h, Loop& l) { h.after_backward(l); };
+template <class H, class Loop>
+concept HasBeforeOptimizerStep = requires(H& h, Loop& l, GradGroups& g, StepResult& r) {
+  h.before_optimizer_step(l, g, r);
+};
+template <class H, class Loop>
+concept HasAfterOptimizerStep = requires(H& h, Loop& l, StepResult& r) { h.after_optimizer_step(l, r); };
+template <class H, class Loop>
+concept HasStepEnd = requires(H& h, Loop& l, StepResult& r, std::int64_t rows) { h.on_step_end(l, r, rows); };
+template <class H>
+concept HasState = requires(const H& ch, H& h, const StateDict& s) {
+  { ch.state_dict() } -> std::same_as<StateDict>;
+  h.load_state_dict(s);
+};
+template <class H>
+concept HalfState = requires(const H& h) { h.state_dict(); } != requires(H& h, const StateDict& s) {
+  h.load_state_dict(s);
+};
+/// The slots of a loop's hooks: the monitor first, the hook policies in order, the clip policy last.
+template <class Monitor, class Clip, class Hooks>
+struct hook_slots;
+template <class Monitor, class Clip, class... Hs>
+struct hook_slots<Monitor, Clip, std::tuple<Hs...>> {
+  using type = std::tuple<HookSlot<MonitorHook<Monitor>>, HookSlot<Hs>..., HookSlot<ClipHook<Clip>>>;
+  using options = std::tuple<typename Hs::Options...>;
+  template <class P>
+  static constexpr std::size_t position = 1 + index_of<P, Hs...>;
+  static constexpr bool names_distinct() {
+    constexpr std::string_view names[] = {std::string_view("monitor"), Hs::name..., std::string_view("clip")};
+    for (std::size_t i = 0; i < std::size(names); ++i)
+      for (std::size_t j = i + 1; j < std::size(names); ++j)
+        if (names[i] == names[j]) return false;
+    return true;
+  }
+};
+
+template <class H, class Loop>
+inline constexpr bool has_any_hook = HasStepBegin<H, Loop> || HasAfterForward<H, Loop> || HasAfterBackward<H, Loop> ||
+                                     HasBeforeOptimizerStep<H, Loop> || HasAfterOptimizerStep<H, Loop> ||
+                                     HasStepEnd<H, Loop> || HasState<H>;
+template <class H>
+concept WantsBatchRows = requires { requires static_cast<bool>(H::wants_batch_rows); };
+
+}  // namespace detail
+}  // namespace nitro

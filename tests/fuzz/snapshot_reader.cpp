@@ -1,0 +1,73 @@
+// libFuzzer target over the snapshot reader (io/snapshot.hpp): any bytes, as a file, through
+// Reader (footer, manifest, format version) and every part's decoder (counts, names, dtypes, shapes,
+// byte counts). A damaged input must end in nitro::Error; anything else (a crash, a sanitizer report,
+// another exception, an allocation beyond the input's size) is a finding.
+//
+// Built with FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION, which skips the checksum comparisons so that
+// mutated inputs reach the decoders (a real reader stops at the checksum). tests/fuzz/run.sh builds
+// and runs it; tests/fuzz/corpus/ holds small valid snapshots to start from.
+//
+// With --make-corpus DIR (a plain build, no fuzzer) it writes that corpus.
+#include <nitro/io/snapshot.hpp>
+
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/optim/adam.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace {
+int memory_file() {
+  static const int fd = ::memfd_create("snapshot", 0);
+  return fd;
+}
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const int fd = memory_file();
+  if (fd < 0 || ::ftruncate(fd, 0) != 0) return 0;
+  for (std::size_t done = 0; done < size;) {
+    const ::ssize_t w = ::pwrite(fd, data + done, size - done, static_cast<::off_t>(done));
+    if (w <= 0) return 0;
+    done += static_cast<std::size_t>(w);
+  }
+  try {
+    const nitro::snapshot::Reader reader("/proc/self/fd/" + std::to_string(fd));
+    for (const auto& part : reader.manifest().parts) (void)reader.read(part.name);
+  } catch (const nitro::Error&) {
+    // a refused file: what damaged input must give
+  }
+  return 0;
+}
+
+#ifdef NITRO_FUZZ_MAKE_CORPUS
+int main(int argc, char** argv) {
+  if (argc != 3 || std::string(argv[1]) != "--make-corpus") {
+    std::fprintf(stderr, "usage: %s --make-corpus DIR\n", argv[0]);
+    return 2;
+  }
+  const std::filesystem::path dir = argv[2];
+  torch::manual_seed(0);
+  torch::nn::Linear tiny(3, 2);
+  torch::optim::SGD sgd(tiny->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::Adam adam(tiny->parameters(), torch::optim::AdamOptions(0.01));
+  for (auto& p : tiny->parameters()) p.mutable_grad() = torch::ones_like(p);
+  sgd.step();
+  adam.step();
+  nitro::StateDict extras;
+  extras.tensors["t"] = torch::arange(6, torch::kInt16).reshape({2, 3});
+  extras.integers["i"] = 42;
+  extras.numbers["x"] = 0.5;
+  extras.strings["s"] = "text";
+  nitro::snapshot::save(dir / "extras.nitro", {.extras = &extras, .rng = false}, {.fsync = false});
+  nitro::snapshot::save(dir / "sgd.nitro", {.model = tiny.ptr().get(), .optimizer = &sgd, .rng = false}, {.fsync = false});
+  nitro::snapshot::save(dir / "adam.nitro", {.model = tiny.ptr().get(), .optimizer = &adam, .rng = false},
+                        {.fsync = false});
+  return 0;
+}
+#endif

@@ -1,0 +1,501 @@
+// io/snapshot.hpp: exact resume in a new process, a kill at random moments during saves, SIGTERM,
+// and damaged or foreign snapshots that change nothing.
+#include "testing.hpp"
+
+#include "child.hpp"
+
+#include <nitro/data/prefetcher.hpp>
+#include <nitro/data/sampler.hpp>
+#include <nitro/io/snapshot.hpp>
+#include <nitro/train/training_loop.hpp>
+
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <random>
+#include <thread>
+
+namespace fs = std::filesystem;
+using nitro::test::TempDir;
+
+namespace {
+
+// ---- the run every test trains ------------------------------------------------------------------
+
+constexpr std::size_t samples = 96;
+constexpr std::size_t batch = 6;
+constexpr std::int64_t batches_per_epoch = samples / batch;
+
+/// Sample i: 8 features computed from i, class i % 4.
+struct Indexed : torch::data::datasets::Dataset<Indexed> {
+  torch::data::Example<> get(std::size_t i) override {
+    const auto x = torch::sin(torch::arange(8, torch::kFloat) * 0.37 * static_cast<double>(i + 1));
+    return {x, torch::tensor(static_cast<std::int64_t>(i % 4))};
+  }
+  std::optional<std::size_t> size() const override { return samples; }
+};
+
+torch::nn::Sequential make_model() {
+  return torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU(), torch::nn::Dropout(0.25),
+                               torch::nn::Linear(32, 4));
+}
+
+/// A user's hook with a state of its own: the snapshot must carry it.
+struct CountSteps {
+  using family = nitro::family::Hook;
+  static constexpr std::string_view name = "count_steps";
+  static constexpr bool enabled = true;
+  struct Options {};
+  explicit CountSteps(const Options&) {}
+  template <class Loop>
+  void after_optimizer_step(Loop&, nitro::StepResult& r) {
+    stepped += r.stepped ? 1 : 0;
+    skipped += r.skipped ? 1 : 0;
+  }
+  nitro::StateDict state_dict() const {
+    nitro::StateDict s;
+    s.integers["stepped"] = stepped;
+    s.integers["skipped"] = skipped;
+    return s;
+  }
+  void load_state_dict(const nitro::StateDict& s) {
+    const auto a = s.integer("stepped", name), b = s.integer("skipped", name);
+    NITRO_CHECK(a >= 0 && b >= 0, "CountSteps: negative counts");
+    stepped = a;
+    skipped = b;
+  }
+  std::int64_t stepped = 0, skipped = 0;
+};
+
+using Loop = nitro::TrainingLoop<nitro::amp::Fp16<>, nitro::accumulate::Fixed<4>, nitro::clip::Norm, CountSteps>;
+using PolicyLoop = nitro::TrainingLoop<nitro::amp::Fp16<>, nitro::accumulate::Fixed<4>, nitro::clip::Norm, CountSteps,
+                                       nitro::snapshot::Policy>;
+
+auto loss_of(torch::nn::Sequential& model) {
+  return [&model](const torch::data::Example<>& b) { return torch::cross_entropy_loss(model->forward(b.data), b.target); };
+}
+
+void touch(const fs::path& p) { std::ofstream(p) << "1"; }
+
+/// Trains `loop` until `total` micro-batches were consumed since the start of the run, reading the
+/// sampler through a prefetcher of 3 workers, one epoch at a time. Returns early (true) when a step
+/// asks to stop, or at `stop_at` after saving dir/mid.nitro.
+template <class L>
+bool train(L& loop, torch::nn::Sequential& model, nitro::data::ResumableSampler& sampler, std::int64_t total,
+           std::int64_t stop_at, const fs::path& dir, bool slow) {
+  const auto dataset = Indexed().map(torch::data::transforms::Stack<>());
+  std::int64_t micro = sampler.state().epoch * batches_per_epoch + sampler.state().index / static_cast<std::int64_t>(batch);
+  const auto loss = loss_of(model);
+  while (micro < total) {
+    {
+      nitro::Prefetcher<nitro::Cpu, decltype(nitro::from_dataset(dataset, sampler, batch))> batches{
+          nitro::from_dataset(dataset, sampler, batch), {.depth = 4, .workers = 3}};
+      for (auto& b : batches) {
+        const auto r = loop.step(b, loss);
+        ++micro;
+        if (slow) {
+          if (micro == 8) touch(dir / "ready");
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        if (r.stop) {
+          touch(dir / "stopped");
+          return true;
+        }
+        if (micro == stop_at) {
+          nitro::snapshot::save(dir / "mid.nitro", loop, {.sampler = &sampler});
+          return true;
+        }
+        if (micro == total) break;
+      }
+    }
+    if (sampler.state().index >= static_cast<std::int64_t>(samples)) sampler.set_epoch(sampler.state().epoch + 1);
+  }
+  return false;
+}
+
+// args: directory, total micro-batches, stop_at (-1: none), snapshot to resume from ("-": none),
+// mode: plain | norng (resume without the generators) | policy (snapshot::Policy, slow, waits for
+// SIGTERM) | policy-resume.
+NITRO_TEST_CHILD(train_run) {
+  at::set_num_threads(1);
+  torch::manual_seed(0);
+  const fs::path dir = args.at(0);
+  const std::int64_t total = std::stoll(args.at(1)), stop_at = std::stoll(args.at(2));
+  const std::string resume = args.at(3), mode = args.at(4);
+  auto model = make_model();
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-2));
+  nitro::data::ResumableSampler sampler(samples, {.seed = 7});
+  const auto finish = [&](auto& loop) {
+    if (!resume.empty() && resume != "-")
+      nitro::snapshot::load(resume, loop, {.sampler = &sampler, .rng = mode != "norng"});
+    if (train(loop, model, sampler, total, stop_at, dir, mode == "policy")) return 0;
+    nitro::snapshot::save(dir / "final.nitro", loop, {.sampler = &sampler});
+    return 0;
+  };
+  if (mode.starts_with("policy")) {
+    PolicyLoop loop{model, optimizer,
+                    {.clip = {.max_norm = 0.5}, .hooks = {{}, {.directory = dir / "snapshots", .sampler = &sampler}}}};
+    return finish(loop);
+  }
+  Loop loop{model, optimizer, {.clip = {.max_norm = 0.5}}};
+  return finish(loop);
+}
+
+// ---- comparing snapshots ----------------------------------------------------------------------------
+
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const auto x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+}
+
+/// The first difference between two StateDicts ("" when equal, bit for bit).
+std::string difference(const nitro::StateDict& a, const nitro::StateDict& b) {
+  if (a.tensors.size() != b.tensors.size()) return "tensor count";
+  for (const auto& [k, t] : a.tensors) {
+    const auto it = b.tensors.find(k);
+    if (it == b.tensors.end() || !bitwise_equal(t, it->second)) return "tensor " + k;
+  }
+  if (a.integers != b.integers) return "integers";
+  for (const auto& [k, v] : a.numbers) {
+    const auto it = b.numbers.find(k);
+    if (it == b.numbers.end() || std::memcmp(&v, &it->second, sizeof v) != 0) return "number " + k;
+  }
+  if (a.numbers.size() != b.numbers.size()) return "number count";
+  if (a.strings != b.strings) return "strings";
+  return "";
+}
+
+std::string part_difference(const fs::path& x, const fs::path& y, const std::string& part) {
+  return difference(nitro::snapshot::Reader(x).read(part), nitro::snapshot::Reader(y).read(part));
+}
+
+}  // namespace
+
+TEST_CASE("a run resumed in a new process from the middle of a window and an epoch ends bitwise where the "
+          "uninterrupted run ends") {
+  TempDir whole("nitro-resume-whole", true), split("nitro-resume-split", true), norng("nitro-resume-norng", true);
+  REQUIRE(nitro::test::run_child("train_run", {whole.path.string(), "32", "-1", "-", "plain"}) == 0);
+  REQUIRE(nitro::test::run_child("train_run", {split.path.string(), "32", "18", "-", "plain"}) == 0);
+  const fs::path mid = split / "mid.nitro";
+  REQUIRE(fs::exists(mid));
+  {
+    // Saved after 18 micro-batches: 4 optimizer steps and 2 micro-batches into the fifth window
+    // (their gradients saved), 3 batches into the second epoch.
+    nitro::snapshot::Reader r(mid);
+    CHECK(r.manifest().step == 4);
+    CHECK(r.manifest().micro_step == 2);
+    const auto loop = r.read("loop");
+    CHECK(loop.integers.at("pending_micro_batches") == 2);
+    CHECK(r.read("grads").tensors.size() == 4);
+    const auto data = r.read("data");
+    CHECK(data.integers.at("epoch") == 1);
+    CHECK(data.integers.at("index") == 2 * static_cast<std::int64_t>(batch));
+    const auto hook = r.read("hook/count_steps");
+    CHECK(hook.integers.at("stepped") + hook.integers.at("skipped") == 4);
+  }
+  REQUIRE(nitro::test::run_child("train_run", {split.path.string(), "32", "-1", mid.string(), "plain"}) == 0);
+  for (const std::string part : {"model", "optimizer", "loop", "grads", "rng", "data", "hook/count_steps"})
+    CHECK_MESSAGE(part_difference(whole / "final.nitro", split / "final.nitro", part) == "", part);
+  // The same resume without the generators: dropout draws other masks, and the run ends elsewhere.
+  // (What makes the comparison above able to fail.)
+  fs::copy_file(mid, norng / "mid.nitro");
+  REQUIRE(nitro::test::run_child("train_run", {norng.path.string(), "32", "-1", (norng / "mid.nitro").string(), "norng"}) == 0);
+  CHECK(part_difference(whole / "final.nitro", norng / "final.nitro", "model") != "");
+}
+
+TEST_CASE("SIGTERM: the step finishes, a snapshot is written, the process exits 0, and the resumed run ends "
+          "where the uninterrupted one does") {
+  TempDir whole("nitro-term-whole", true), term("nitro-term", true);
+  REQUIRE(nitro::test::run_child("train_run", {whole.path.string(), "40", "-1", "-", "plain"}) == 0);
+  const pid_t child = nitro::test::spawn_child("train_run", {term.path.string(), "40", "-1", "-", "policy"});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!fs::exists(term / "ready") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  REQUIRE(fs::exists(term / "ready"));
+  ::kill(child, SIGTERM);
+  CHECK(nitro::test::wait_child(child) == 0);
+  CHECK(fs::exists(term / "stopped"));  // it stopped on the signal, not at the end
+  const auto last = nitro::snapshot::latest(term / "snapshots");
+  REQUIRE(last.has_value());
+  CHECK(nitro::snapshot::list(term / "snapshots").size() == 1);
+  const auto manifest = nitro::snapshot::Reader(*last).manifest();
+  CHECK(manifest.step * 4 + manifest.micro_step >= 8);
+  CHECK(manifest.step * 4 + manifest.micro_step < 40);
+  REQUIRE(nitro::test::run_child("train_run", {term.path.string(), "40", "-1", last->string(), "policy-resume"}) == 0);
+  for (const std::string part : {"model", "optimizer", "loop", "grads", "rng", "hook/count_steps"})
+    CHECK_MESSAGE(part_difference(whole / "final.nitro", term / "final.nitro", part) == "", part);
+}
+
+namespace {
+// Saves snapshots of a 52 MB model, each with every weight set to its number, keeping the last two,
+// until killed. args: directory.
+NITRO_TEST_CHILD(save_forever) {
+  const fs::path dir = args.at(0);
+  nitro::snapshot::remove_temporary_files(dir);  // what killed writers left
+  torch::nn::Linear model(4096, 3200);
+  const auto existing = nitro::snapshot::list(dir);
+  // Numbered after those already there, so each child continues the sequence.
+  std::int64_t n = existing.empty() ? 0 : std::stoll(existing.front().filename().string().substr(9, 12));
+  touch(dir / "running");
+  for (;;) {
+    ++n;
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) p.fill_(static_cast<double>(n));
+    }
+    nitro::snapshot::save(dir / nitro::snapshot::file_name(n, 0), {.model = model.ptr().get(), .rng = false});
+    const auto files = nitro::snapshot::list(dir);
+    for (std::size_t k = 2; k < files.size(); ++k) fs::remove(files[k]);
+  }
+}
+}  // namespace
+
+TEST_CASE("a process killed at 30 random moments while saving 52 MB snapshots always leaves a loadable one") {
+  TempDir dir("nitro-kill", true);
+  std::mt19937 rng(11);
+  std::size_t temps_seen = 0;
+  for (int round = 0; round < 30; ++round) {
+    fs::remove(dir / "running");
+    const pid_t child = nitro::test::spawn_child("save_forever", {dir.path.string()});
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!fs::exists(dir / "running") && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    // The first round waits for one snapshot; the others kill anywhere in the next 0.6 s.
+    if (round == 0)
+      while (nitro::snapshot::list(dir.path).empty() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 600000));
+    ::kill(child, SIGKILL);
+    CHECK(nitro::test::wait_child(child) == 128 + SIGKILL);
+    for (const auto& e : fs::directory_iterator(dir.path))
+      temps_seen += nitro::io::is_temp_name(e.path().filename().string());
+    const auto last = nitro::snapshot::latest(dir.path);
+    REQUIRE_MESSAGE(last.has_value(), "round ", round);
+    CHECK(!nitro::io::is_temp_name(last->filename().string()));
+    torch::nn::Linear model(4096, 3200);
+    nitro::snapshot::load(*last, {.model = model.ptr().get(), .rng = false});
+    // Whole: every value is the number it was saved with.
+    const float value = model->bias.max().item<float>();
+    CHECK(value >= 1.0f);
+    CHECK(model->weight.min().item<float>() == value);
+    CHECK(model->weight.max().item<float>() == value);
+    CHECK(model->bias.min().item<float>() == value);
+  }
+  MESSAGE("temporary files found after kills: ", temps_seen);
+}
+
+namespace {
+
+/// Everything a load could change, to compare before and after a refused load.
+struct Everything {
+  nitro::StateDict model, grads, optimizer, rng;
+  Loop::State loop;
+  CountSteps hook;
+  nitro::data::SamplerState sampler;
+};
+Everything everything(Loop& loop, nitro::data::ResumableSampler& sampler) {
+  return {nitro::snapshot::detail::model_part(loop.model()),  nitro::snapshot::detail::grads_part(loop.model()),
+          nitro::snapshot::detail::optimizer_part(loop.optimizer()), nitro::snapshot::detail::rng_part(),
+          loop.state(), loop.hook<CountSteps>(), sampler.state()};
+}
+// Deep copies: the live tensors change in place.
+Everything copy(Everything e) {
+  for (auto* d : {&e.model, &e.grads, &e.optimizer, &e.rng})
+    for (auto& [k, t] : d->tensors) t = t.clone();
+  return e;
+}
+std::string changed(const Everything& a, const Everything& b) {
+  if (auto d = difference(a.model, b.model); !d.empty()) return "model: " + d;
+  if (auto d = difference(a.grads, b.grads); !d.empty()) return "grads: " + d;
+  if (auto d = difference(a.optimizer, b.optimizer); !d.empty()) return "optimizer: " + d;
+  if (auto d = difference(a.rng, b.rng); !d.empty()) return "rng: " + d;
+  if (a.loop.optimizer_steps != b.loop.optimizer_steps || a.loop.pending_micro_batches != b.loop.pending_micro_batches ||
+      a.loop.loss_scale->scale != b.loop.loss_scale->scale ||
+      a.loop.loss_scale->growth_tracker != b.loop.loss_scale->growth_tracker)
+    return "loop";
+  if (a.hook.stepped != b.hook.stepped) return "hook";
+  if (!(a.sampler == b.sampler)) return "sampler";
+  return "";
+}
+
+std::string read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void write_bytes(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
+
+struct Trained {
+  torch::nn::Sequential model = make_model();
+  torch::optim::Adam optimizer{model->parameters(), torch::optim::AdamOptions(1e-2)};
+  nitro::data::ResumableSampler sampler{samples, {.seed = 3}};
+  Loop loop{model, optimizer, {.clip = {.max_norm = 0.5}}};
+  explicit Trained(std::int64_t micro) {
+    const auto dataset = Indexed().map(torch::data::transforms::Stack<>());
+    nitro::Prefetcher<nitro::Cpu, decltype(nitro::from_dataset(dataset, sampler, batch))> batches{
+        nitro::from_dataset(dataset, sampler, batch), {.depth = 2, .workers = 2}};
+    const auto loss = loss_of(model);
+    std::int64_t n = 0;
+    for (auto& b : batches)
+      if (loop.step(b, loss), ++n == micro) break;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a damaged, truncated, foreign or other-version snapshot is refused with the part named, and "
+          "nothing changes") {
+  TempDir dir("nitro-bad", true);
+  torch::manual_seed(1);
+  Trained saved(10);  // 2 steps and 2 micro-batches: gradients in flight
+  const fs::path good = dir / "good.nitro";
+  nitro::snapshot::save(good, saved.loop, {.sampler = &saved.sampler});
+  const std::string bytes = read_bytes(good);
+  const auto manifest = nitro::snapshot::Reader(good).manifest();
+  CHECK(manifest.parts.size() == 7);  // model, grads, optimizer, loop, hook/count_steps, rng, data
+
+  torch::manual_seed(2);
+  Trained target(5);  // another state, to be left alone
+  Everything before = copy(everything(target.loop, target.sampler));
+  const auto refused = [&](const fs::path& file, const std::string& expected) {
+    CHECK_THROWS_WITH_AS(nitro::snapshot::load(file, target.loop, {.sampler = &target.sampler}),
+                         doctest::Contains(expected.c_str()), nitro::Error);
+    CHECK(changed(before, everything(target.loop, target.sampler)) == "");
+  };
+
+  SUBCASE("one byte flipped in each part") {
+    for (const auto& part : manifest.parts) {
+      std::string damaged = bytes;
+      damaged[part.offset + part.bytes / 2] ^= 0x20;
+      write_bytes(dir / "bad.nitro", damaged);
+      refused(dir / "bad.nitro", "part \"" + part.name + "\"");
+      CHECK(nitro::snapshot::check(dir / "bad.nitro").has_value());
+    }
+    std::string damaged = bytes;
+    damaged[bytes.size() - 40] ^= 1;  // in the manifest
+    write_bytes(dir / "bad.nitro", damaged);
+    refused(dir / "bad.nitro", "manifest");
+  }
+  SUBCASE("truncated at 10 places") {
+    for (int k = 0; k < 10; ++k) {
+      write_bytes(dir / "cut.nitro", bytes.substr(0, bytes.size() * k / 10 + (k == 9 ? bytes.size() / 10 - 1 : 0)));
+      refused(dir / "cut.nitro", "nitro::snapshot");
+    }
+  }
+  SUBCASE("another format version") {
+    std::string other = bytes;
+    other[8] = 2;  // the header's version
+    const std::uint64_t offset = [&] {
+      std::uint64_t o;
+      std::memcpy(&o, other.data() + other.size() - 32, 8);
+      return o;
+    }();
+    const auto at = other.find("nitro-snapshot 1\n", offset);
+    REQUIRE(at != std::string::npos);
+    other[at + 15] = '2';
+    const std::uint64_t sum =
+        nitro::io::xxh64({reinterpret_cast<const std::byte*>(other.data() + offset), other.size() - 32 - offset});
+    std::memcpy(other.data() + other.size() - 16, &sum, 8);
+    write_bytes(dir / "v2.nitro", other);
+    refused(dir / "v2.nitro", "format version 2");
+  }
+  SUBCASE("another model, another optimizer, another loop, another data set size") {
+    torch::nn::Sequential wider(torch::nn::Linear(8, 33), torch::nn::ReLU(), torch::nn::Dropout(0.25),
+                                torch::nn::Linear(33, 4));
+    torch::optim::Adam adam(wider->parameters());
+    Loop other{wider, adam};
+    CHECK_THROWS_WITH_AS(nitro::snapshot::load(good, other), doctest::Contains("\"param/0.weight\" is [32, 8] Float"),
+                         nitro::Error);
+    // The same model under SGD: Adam's state is refused.
+    torch::optim::SGD sgd(target.model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    Loop with_sgd{target.model, sgd};
+    nitro::TrainingLoop<nitro::amp::Fp16<>, nitro::accumulate::Fixed<4>, nitro::clip::Norm> no_hook{target.model,
+                                                                                                    target.optimizer};
+    nitro::data::ResumableSampler smaller(samples - 6, {.seed = 3});
+    before = copy(everything(target.loop, target.sampler));  // making `wider` drew from the generator
+    CHECK_THROWS_WITH_AS(nitro::snapshot::load(good, with_sgd), doctest::Contains("part \"optimizer\""), nitro::Error);
+    CHECK(changed(before, everything(target.loop, target.sampler)) == "");
+    // A loop without the hook: its state has no place here.
+    CHECK_THROWS_WITH_AS(nitro::snapshot::load(good, no_hook), doctest::Contains("count_steps"), nitro::Error);
+    CHECK(changed(before, everything(target.loop, target.sampler)) == "");
+    CHECK_THROWS_WITH_AS(nitro::snapshot::load(good, target.loop, {.sampler = &smaller}), doctest::Contains("part \"data\""),
+                         nitro::Error);
+    CHECK(changed(before, everything(target.loop, target.sampler)) == "");
+  }
+  SUBCASE("the good file loads, and then everything equals what was saved") {
+    nitro::snapshot::load(good, target.loop, {.sampler = &target.sampler});
+    const auto now = everything(target.loop, target.sampler);
+    const auto then = everything(saved.loop, saved.sampler);
+    CHECK(changed(then, now) == "");
+  }
+}
+
+TEST_CASE("snapshot::latest skips damaged snapshots, and snapshot::Policy keeps the last K, by steps") {
+  TempDir dir("nitro-latest", true);
+  torch::manual_seed(3);
+  auto model = make_model();
+  torch::optim::Adam optimizer(model->parameters());
+  PolicyLoop loop{model, optimizer, {.hooks = {{}, {.directory = dir.path, .every_steps = 1, .keep_last = 2, .on_signal = false}}}};
+  const auto x = torch::randn({6, 8});
+  const auto y = torch::randint(4, {6}, torch::kLong);
+  for (int i = 0; i < 12; ++i)
+    loop.step(torch::data::Example<>{x, y}, [&](const torch::data::Example<>& b) {
+      return torch::cross_entropy_loss(model->forward(b.data), b.target);
+    });
+  const auto files = nitro::snapshot::list(dir.path);
+  REQUIRE(files.size() == 2);
+  CHECK(files[0].filename() == nitro::snapshot::file_name(3, 0));
+  CHECK(files[1].filename() == nitro::snapshot::file_name(2, 0));
+  CHECK(loop.hook<nitro::snapshot::Policy>().snapshots_written() == 3);
+  CHECK(nitro::snapshot::latest(dir.path) == files[0]);
+  // Damage the newest: latest() falls back to the one before.
+  std::string bytes = read_bytes(files[0]);
+  bytes[100] ^= 0x01;
+  write_bytes(files[0], bytes);
+  CHECK(nitro::snapshot::latest(dir.path) == files[1]);
+  CHECK_FALSE(nitro::snapshot::latest(dir / "nothing-here").has_value());
+}
+
+TEST_CASE("snapshot::Policy refuses options that save nothing or cannot work") {
+  TempDir dir("nitro-policy", true);
+  using P = nitro::snapshot::Policy;
+  CHECK_THROWS_WITH_AS(P({}), doctest::Contains("directory is empty"), nitro::Error);
+  CHECK_THROWS_WITH_AS(P({.directory = dir.path, .every_steps = -1}), doctest::Contains("every_steps"), nitro::Error);
+  CHECK_THROWS_WITH_AS(P({.directory = dir.path, .every_minutes = -2}), doctest::Contains("every_minutes"), nitro::Error);
+  CHECK_THROWS_WITH_AS(P({.directory = dir.path, .every_steps = 1, .keep_last = 0}), doctest::Contains("keep_last"),
+                       nitro::Error);
+  CHECK_THROWS_WITH_AS(P({.directory = dir.path, .on_signal = false}), doctest::Contains("nothing would ever be saved"),
+                       nitro::Error);
+  // Its handlers are put back when it goes.
+  struct ::sigaction before {}, during {}, after {};
+  ::sigaction(SIGTERM, nullptr, &before);
+  {
+    P policy({.directory = dir.path});
+    ::sigaction(SIGTERM, nullptr, &during);
+    const bool ours = during.sa_handler == &nitro::snapshot::detail::on_stop_signal;
+    CHECK(ours);
+  }
+  ::sigaction(SIGTERM, nullptr, &after);
+  const bool restored = after.sa_handler == before.sa_handler;
+  CHECK(restored);
+}
+
+TEST_CASE("user extras: named tensors, integers, numbers and strings come back bit for bit") {
+  TempDir dir("nitro-extras", true);
+  nitro::StateDict extras;
+  extras.tensors["ema"] = torch::randn({3, 5}, torch::kDouble);
+  extras.tensors["mask"] = torch::tensor({true, false, true});
+  extras.tensors["empty"] = torch::empty({0, 4});
+  extras.integers["big"] = (std::int64_t{1} << 62) + 1;  // not representable as a double
+  extras.numbers["nan"] = std::numeric_limits<double>::quiet_NaN();
+  extras.numbers["negative_zero"] = -0.0;
+  extras.strings["note"] = std::string("line\nwith\0nul", 13);
+  nitro::snapshot::save(dir / "x.nitro", {.extras = &extras, .rng = false});
+  nitro::StateDict back;
+  back.integers["stale"] = 1;
+  nitro::snapshot::load(dir / "x.nitro", {.extras = &back, .rng = false});
+  CHECK(difference(extras, back) == "");
+  CHECK_THROWS_WITH_AS(nitro::snapshot::load(dir / "x.nitro", {.extras = &back}), doctest::Contains("no part \"rng\""),
+                       nitro::Error);
+}
