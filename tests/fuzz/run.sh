@@ -9,6 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-60}
 clangxx=$(command -v clang++-14 || command -v clang++ || true)
+if [ -z "$clangxx" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "fuzz: installing clang-14 (Debian)" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang-14 >/dev/null
+  clangxx=$(command -v clang++-14 || true)
+fi
 if [ -z "$clangxx" ]; then
   echo "fuzz: clang++ not found; install clang-14 (apt-get install clang-14)" >&2
   exit 1

@@ -147,7 +147,7 @@ NITRO_TEST_CHILD(train_run) {
 bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
   const auto x = a.contiguous(), y = b.contiguous();
-  return std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+  return x.nbytes() == 0 || std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
 }
 
 /// The first difference between two StateDicts ("" when equal, bit for bit).
@@ -498,4 +498,28 @@ TEST_CASE("user extras: named tensors, integers, numbers and strings come back b
   CHECK(difference(extras, back) == "");
   CHECK_THROWS_WITH_AS(nitro::snapshot::load(dir / "x.nitro", {.extras = &back}), doctest::Contains("no part \"rng\""),
                        nitro::Error);
+}
+
+TEST_CASE("a part whose tensor header claims absurd sizes is refused as damaged, before any checksum or allocation") {
+  TempDir dir("nitro-absurd", true);
+  nitro::StateDict extras;
+  extras.tensors["t"] = torch::empty({0, 5}, torch::kInt8);
+  nitro::snapshot::save(dir / "x.nitro", {.extras = &extras, .rng = false});
+  std::string bytes = read_bytes(dir / "x.nitro");
+  const auto part = *nitro::snapshot::Reader(dir / "x.nitro").manifest().find("extras");
+  // extras: u64 count, u64 name length, "t", i32 dtype, u32 ndim, i64 sizes[2], u64 bytes.
+  const std::size_t sizes_at = part.offset + 8 + 8 + 1 + 4 + 4;
+  for (const auto& [first, second] : {std::pair<std::int64_t, std::int64_t>{0, std::int64_t{1} << 62},
+                                      std::pair<std::int64_t, std::int64_t>{4, std::int64_t{1} << 62},
+                                      std::pair<std::int64_t, std::int64_t>{-1, 5},
+                                      std::pair<std::int64_t, std::int64_t>{1 << 20, 1 << 20}}) {
+    std::string bad = bytes;
+    std::memcpy(bad.data() + sizes_at, &first, 8);
+    std::memcpy(bad.data() + sizes_at + 8, &second, 8);
+    write_bytes(dir / "bad.nitro", bad);
+    nitro::StateDict back;
+    CHECK_THROWS_WITH_AS(nitro::snapshot::load(dir / "bad.nitro", {.extras = &back, .rng = false}),
+                         doctest::Contains("part \"extras\""), nitro::Error);
+    CHECK(back.empty());
+  }
 }

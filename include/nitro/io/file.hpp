@@ -66,6 +66,22 @@ inline std::uint64_t xxh_merge(std::uint64_t h, std::uint64_t acc) noexcept {
   return (h ^ xxh_round(0, acc)) * xxh_p1 + xxh_p4;
 }
 
+// The last bytes (fewer than 32) and the final avalanche, for xxh64() and Xxh64.
+inline std::uint64_t xxh_finish(std::uint64_t h, const unsigned char* p, const unsigned char* end) noexcept {
+  for (; p + 8 <= end; p += 8) h = std::rotl(h ^ xxh_round(0, read_le<std::uint64_t>(p)), 27) * xxh_p1 + xxh_p4;
+  if (p + 4 <= end) {
+    h = std::rotl(h ^ (static_cast<std::uint64_t>(read_le<std::uint32_t>(p)) * xxh_p1), 23) * xxh_p2 + xxh_p3;
+    p += 4;
+  }
+  for (; p < end; ++p) h = std::rotl(h ^ (*p * xxh_p5), 11) * xxh_p1;
+  h ^= h >> 33;
+  h *= xxh_p2;
+  h ^= h >> 29;
+  h *= xxh_p3;
+  h ^= h >> 32;
+  return h;
+}
+
 /// XXH64 of `bytes`: nitro::io::xxh64(span) == XXH64(data, size, seed).
 inline std::uint64_t xxh64(std::span<const std::byte> bytes, std::uint64_t seed = 0) noexcept {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
@@ -85,21 +101,8 @@ inline std::uint64_t xxh64(std::span<const std::byte> bytes, std::uint64_t seed 
   } else {
     h = seed + xxh_p5;
   }
-  h += static_cast<std::uint64_t>(n);
-  for (; p + 8 <= end; p += 8) h = std::rotl(h ^ xxh_round(0, read_le<std::uint64_t>(p)), 27) * xxh_p1 + xxh_p4;
-  if (p + 4 <= end) {
-    h = std::rotl(h ^ (static_cast<std::uint64_t>(read_le<std::uint32_t>(p)) * xxh_p1), 23) * xxh_p2 + xxh_p3;
-    p += 4;
-  }
-  for (; p < end; ++p) h = std::rotl(h ^ (*p * xxh_p5), 11) * xxh_p1;
-  h ^= h >> 33;
-  h *= xxh_p2;
-  h ^= h >> 29;
-  h *= xxh_p3;
-  h ^= h >> 32;
-  return h;
+  return xxh_finish(h + static_cast<std::uint64_t>(n), p, end);
 }
-
 
 /// XXH64 over data given in pieces: the digest equals xxh64() of the pieces concatenated.
 ///   io::Xxh64 h; h.update(a); h.update(b); h.digest() == io::xxh64(a + b)
@@ -138,21 +141,7 @@ class Xxh64 {
     } else {
       h = seed_ + xxh_p5;
     }
-    h += total_;
-    const unsigned char* p = buffer_;
-    const unsigned char* const end = buffer_ + buffered_;
-    for (; p + 8 <= end; p += 8) h = std::rotl(h ^ xxh_round(0, read_le<std::uint64_t>(p)), 27) * xxh_p1 + xxh_p4;
-    if (p + 4 <= end) {
-      h = std::rotl(h ^ (static_cast<std::uint64_t>(read_le<std::uint32_t>(p)) * xxh_p1), 23) * xxh_p2 + xxh_p3;
-      p += 4;
-    }
-    for (; p < end; ++p) h = std::rotl(h ^ (*p * xxh_p5), 11) * xxh_p1;
-    h ^= h >> 33;
-    h *= xxh_p2;
-    h ^= h >> 29;
-    h *= xxh_p3;
-    h ^= h >> 32;
-    return h;
+    return xxh_finish(h + total_, buffer_, buffer_ + buffered_);
   }
 
  private:

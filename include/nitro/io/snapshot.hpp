@@ -51,6 +51,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
 #include <torch/headeronly/version.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -73,6 +74,7 @@
 #include <ctime>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -193,8 +195,14 @@ class PartWriter {
   void put(const void* data, std::size_t n) {
     if (n >= (1u << 16)) {
       flush();
-      file_->write(data, n);
-      hash_.update(data, n);
+      // In pieces that stay in the cache between the write and the hash: one pass over memory.
+      const auto* p = static_cast<const char*>(data);
+      for (std::size_t done = 0; done < n;) {
+        const std::size_t piece = std::min<std::size_t>(1u << 20, n - done);
+        file_->write(p + done, piece);
+        hash_.update(p + done, piece);
+        done += piece;
+      }
       offset_ += n;
       return;
     }
@@ -262,14 +270,20 @@ class PartReader {
   void get(void* data, std::size_t n) {
     if (n > left_) fail("it ends early");
     auto* p = static_cast<char*>(data);
-    std::size_t done = 0;
-    while (done < n) {
-      const ::ssize_t r = ::pread(fd_, p + done, n - done, static_cast<::off_t>(at_ + done));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) fail(r == 0 ? "the file ends early" : "a read failed");
-      done += static_cast<std::size_t>(r);
+    // In pieces that stay in the cache between the read and the hash: one pass over memory.
+    constexpr std::size_t piece = 1u << 20;
+    for (std::size_t done = 0; done < n;) {
+      const std::size_t want = std::min(piece, n - done);
+      std::size_t got = 0;
+      while (got < want) {
+        const ::ssize_t r = ::pread(fd_, p + done + got, want - got, static_cast<::off_t>(at_ + done + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) fail(r == 0 ? "the file ends early" : "a read failed");
+        got += static_cast<std::size_t>(r);
+      }
+      hash_.update(p + done, want);
+      done += want;
     }
-    hash_.update(data, n);
     at_ += n;
     left_ -= n;
   }
@@ -309,15 +323,26 @@ class PartReader {
       } catch (const std::exception&) {
         fail("a dtype is invalid");
       }
+      // The byte count, and the product of the sizes with each 0 counted as 1: LibTorch computes
+      // strides from it, which must fit in int64 even for a tensor of no elements.
+      std::uint64_t strides = expected;
       for (auto& s : sizes) {
         s = get_value<std::int64_t>();
         if (s < 0) fail("a tensor has a negative size");
-        if (__builtin_mul_overflow(expected, static_cast<std::uint64_t>(s), &expected)) fail("a tensor is too large");
+        if (__builtin_mul_overflow(expected, static_cast<std::uint64_t>(s), &expected) ||
+            __builtin_mul_overflow(strides, static_cast<std::uint64_t>(std::max<std::int64_t>(s, 1)), &strides) ||
+            strides > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+          fail("a tensor is too large");
       }
       const auto nbytes = get_value<std::uint64_t>();
       if (nbytes != expected) fail("a tensor's byte count does not match its shape");
       if (nbytes > left_) fail("a tensor is larger than the part");
-      at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(type));
+      at::Tensor t;
+      try {
+        t = at::empty(sizes, at::TensorOptions().dtype(type));
+      } catch (const c10::Error& e) {
+        fail(std::string("a tensor cannot be made: ") + e.what_without_backtrace());
+      }
       if (nbytes > 0) get(t.data_ptr(), nbytes);
       if (!d.tensors.emplace(std::move(name), std::move(t)).second) fail("a name appears twice");
     }
@@ -490,7 +515,20 @@ class Reader {
     NITRO_CHECK(p != nullptr, "nitro::snapshot: ", file_.string(), " has no part \"", part,
                 "\"; it was saved without it (see snapshot::Contents)");
     detail::PartReader in(fd_.get(), file_, *p);
-    return in.get_dict();
+    StateDict d = in.get_dict();
+    read_.push_back(p);
+    return d;
+  }
+
+  /// Checks the checksums of the parts not read (read() checks those it reads). Throws nitro::Error
+  /// naming the first damaged part.
+  void verify_unread() const {
+    for (const auto& p : manifest_.parts) {
+      if (std::find(read_.begin(), read_.end(), &p) != read_.end()) continue;
+      detail::PartReader in(fd_.get(), file_, p);
+      in.skip_rest();
+      in.finish();
+    }
   }
 
   /// Reads every part and checks its checksum (no tensor is made). Throws nitro::Error naming the first
@@ -519,6 +557,7 @@ class Reader {
   io::Fd fd_;
   std::uint64_t size_ = 0;
   Manifest manifest_;
+  mutable std::vector<const Manifest::Part*> read_;  // parts read (and checked) so far
 };
 
 /// Whether `file` is a snapshot whose every part checks; the reason when it is not.
@@ -619,7 +658,8 @@ inline void check_same_tensors(const std::filesystem::path& file, std::string_vi
                 " in the snapshot and ", describe(t), " in this model; load a snapshot of the same model");
   }
   if (saved.size() != live.size()) {
-    for (const auto& [name, t] : saved) {
+    for (const auto& entry : saved) {
+      const std::string& name = entry.first;
       const bool here = std::any_of(live.begin(), live.end(), [&](const auto& l) { return l.first == name; });
       NITRO_CHECK(here, "nitro::snapshot: ", file.string(), ": part \"", part, "\" has ", what, " \"", name,
                   "\", which this model does not have; load a snapshot of the same model");
@@ -644,7 +684,9 @@ inline ModelLoad prepare_model(const std::filesystem::path& file, torch::nn::Mod
   if (grads) {
     std::vector<std::pair<std::string, at::Tensor>> params;
     for (const auto& p : model.named_parameters(true)) params.emplace_back(p.key(), p.value());
-    for (const auto& [name, g] : grads->tensors) {
+    for (const auto& entry : grads->tensors) {
+      const std::string& name = entry.first;
+      const at::Tensor& g = entry.second;
       const auto it = std::find_if(params.begin(), params.end(), [&](const auto& p) { return p.first == name; });
       NITRO_CHECK(it != params.end(), "nitro::snapshot: ", file.string(), ": part \"grads\" has a gradient for \"",
                   name, "\", which this model does not have; load a snapshot of the same model");
@@ -788,7 +830,9 @@ inline OptimizerLoad prepare_optimizer(const std::filesystem::path& file, torch:
       if (!known) bad("parameter ", k - 1, " has a state of unknown type \"", type->second, "\"");
       // The optimizer's own type must make this kind of state: Adam's state in an SGD is refused.
       if (const auto live = optimizer.state().find(p.unsafeGetTensorImpl()); live != optimizer.state().end()) {
-        if (typeid(*live->second) != typeid(*state))
+        const auto& live_state = *live->second;
+        const auto& saved_state = *state;
+        if (typeid(live_state) != typeid(saved_state))
           bad("parameter ", k - 1, " has a ", type->second, " state in the snapshot and another kind here");
       }
       out.states.emplace_back(p.unsafeGetTensorImpl(), std::move(state));
@@ -813,7 +857,9 @@ inline void apply_optimizer(torch::optim::Optimizer& optimizer, OptimizerLoad& l
   for (auto& group : groups)
     for (const auto& p : group.params()) devices.emplace(p.unsafeGetTensorImpl(), p.device());
   optimizer.state().clear();
-  for (auto& [key, state] : load.states) {
+  for (auto& entry : load.states) {
+    void* const key = entry.first;
+    auto& state = entry.second;
     const auto device = devices.at(key);
     memory::detail::with_state_type(*state, [&]<class S>() {
       memory::detail::for_each_state_tensor(static_cast<S&>(*state), [&](const at::Tensor& t, auto set) {
@@ -981,7 +1027,6 @@ inline void save(const std::filesystem::path& file, const Contents& c, const Loo
 /// its state), then the model, the gradients, the optimizer, the sampler, the generators, the extras.
 inline Manifest load(const std::filesystem::path& file, const Contents& c, const LoopAccess* loop) {
   Reader reader(file);
-  reader.verify();  // every part's checksum, including those not loaded
   std::optional<ModelLoad> model;
   if (c.model != nullptr)
     model = prepare_model(file, *c.model, reader.read("model"),
@@ -999,6 +1044,7 @@ inline Manifest load(const std::filesystem::path& file, const Contents& c, const
   if (c.extras != nullptr) extras = reader.read("extras");
   std::optional<StateDict> loop_dict;
   if (loop != nullptr) loop_dict = reader.read("loop");
+  reader.verify_unread();  // every part's checksum, those not loaded too, before anything changes
   // The sampler checks its state against itself without changing it; then a copy is loaded below.
   if (sampler) {
     const data::SamplerState now = c.sampler->state();

@@ -289,7 +289,8 @@ class StateBackup {
     }
     for (auto& s : states_) {
       auto found = live.find(s.key);
-      const bool same_type = found != live.end() && typeid(*found->second) == typeid(*s.state);
+      const auto same = [](const auto& a, const auto& b) { return typeid(a) == typeid(b); };
+      const bool same_type = found != live.end() && same(*found->second, *s.state);
       if (!same_type) {
         auto copy = s.state->clone();
         detail::with_state_type(*copy, [&]<class S>() {
