@@ -88,7 +88,7 @@ TEST_CASE("AtomicFile: the target appears only at commit, whole, and nothing is 
     CHECK(fs::exists(out.temp_path()));
     CHECK(out.temp_path().parent_path() == target.parent_path());  // same directory: rename is atomic
     CHECK(nitro::io::is_temp_name(out.temp_path().filename().string()));
-    out.commit();
+    CHECK(out.commit());
     CHECK(out.bytes_written() == 12);
   }
   CHECK(read_text(target) == "new contents");
@@ -100,7 +100,7 @@ TEST_CASE("AtomicFile: the target appears only at commit, whole, and nothing is 
   CHECK(read_text(target) == "new contents");
   CHECK(temp_files(dir.path) == 0);
   nitro::io::AtomicFile done(target);
-  done.commit();
+  CHECK(done.commit());
   CHECK_THROWS_WITH_AS(done.write("x", 1), doctest::Contains("already committed"), nitro::Error);
   CHECK(read_text(target).empty());
 }

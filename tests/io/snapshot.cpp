@@ -413,8 +413,23 @@ TEST_CASE("a damaged, truncated, foreign or other-version snapshot is refused wi
     nitro::TrainingLoop<nitro::amp::Fp16<>, nitro::accumulate::Fixed<4>, nitro::clip::Norm> no_hook{target.model,
                                                                                                     target.optimizer};
     nitro::data::ResumableSampler smaller(samples - 6, {.seed = 3});
+    torch::optim::AdamW adamw(target.model->parameters(), torch::optim::AdamWOptions(1e-2));
+    Loop with_adamw{target.model, adamw};
+    auto parameters = target.model->parameters();
+    std::reverse(parameters.begin(), parameters.end());
+    torch::optim::Adam reordered(parameters, torch::optim::AdamOptions(1e-2));
+    Loop with_reordered{target.model, reordered};
+    nitro::TrainingLoop<nitro::amp::Off, nitro::accumulate::Fixed<4>, nitro::clip::Norm, CountSteps> fp32{
+        target.model, target.optimizer};
     before = copy(everything(target.loop, target.sampler));  // making `wider` drew from the generator
     CHECK_THROWS_WITH_AS(nitro::snapshot::load(good, with_sgd), doctest::Contains("part \"optimizer\""), nitro::Error);
+    // A fresh AdamW (the same options as Adam's): refused by the optimizer's type.
+    CHECK_THROWS_WITH_AS(nitro::snapshot::load(good, with_adamw), doctest::Contains("this one torch::optim::AdamW"),
+                         nitro::Error);
+    // The same optimizer over the parameters in another order: refused by their names.
+    CHECK_THROWS_WITH_AS(nitro::snapshot::load(good, with_reordered), doctest::Contains("another order"), nitro::Error);
+    // A loop of other numerics (fp32 where the snapshot's is fp16).
+    CHECK_THROWS_WITH_AS(nitro::snapshot::load(good, fp32), doctest::Contains("amp=fp32"), nitro::Error);
     CHECK(changed(before, everything(target.loop, target.sampler)) == "");
     // A loop without the hook: its state has no place here.
     CHECK_THROWS_WITH_AS(nitro::snapshot::load(good, no_hook), doctest::Contains("count_steps"), nitro::Error);
@@ -522,4 +537,51 @@ TEST_CASE("a part whose tensor header claims absurd sizes is refused as damaged,
                          doctest::Contains("part \"extras\""), nitro::Error);
     CHECK(back.empty());
   }
+}
+
+TEST_CASE("snapshot::Policy: one snapshot per signal even when a step also saves by steps, every live policy "
+          "sees the signal, handlers put back whatever the order, rotation never removes the new snapshot") {
+  TempDir dir_a("nitro-two-a", true), dir_b("nitro-two-b", true);
+  // A damaged snapshot of a later step left in the directory: rotation must not keep it in place of
+  // the new ones (nor remove it: it is not older).
+  {
+    std::ofstream(dir_a / nitro::snapshot::file_name(200, 0)) << "damaged";
+  }
+  struct ::sigaction original {};
+  ::sigaction(SIGTERM, nullptr, &original);
+  torch::manual_seed(4);
+  auto model = make_model();
+  torch::optim::Adam optimizer(model->parameters());
+  const auto x = torch::randn({6, 8});
+  const auto y = torch::randint(4, {6}, torch::kLong);
+  const auto loss = [&](const torch::data::Example<>& b) { return torch::cross_entropy_loss(model->forward(b.data), b.target); };
+  const torch::data::Example<> b{x, y};
+  auto a = std::make_unique<PolicyLoop>(model, optimizer,
+                                        PolicyLoop::Options{.hooks = {{}, {.directory = dir_a.path, .every_steps = 1, .keep_last = 1}}});
+  auto c = std::make_unique<PolicyLoop>(model, optimizer, PolicyLoop::Options{.hooks = {{}, {.directory = dir_b.path}}});
+  for (int i = 0; i < 8; ++i) CHECK_FALSE(a->step(b, loss).stop);  // 2 optimizer steps (Fixed<4>)
+  CHECK(a->hook<nitro::snapshot::Policy>().snapshots_written() == 2);
+  for (int i = 0; i < 3; ++i) CHECK_FALSE(a->step(b, loss).stop);
+  ::raise(SIGTERM);
+  const auto r = a->step(b, loss);  // the 12th micro-batch: steps, saves by steps, and sees the signal
+  CHECK(r.stop);
+  CHECK(r.stop_reason == "SIGTERM");
+  CHECK(a->hook<nitro::snapshot::Policy>().snapshots_written() == 3);  // not 4
+  CHECK(c->step(b, loss).stop);  // the other loop sees the same signal
+  CHECK_FALSE(a->step(b, loss).stop);  // once
+  const auto files = nitro::snapshot::list(dir_a.path);
+  REQUIRE(files.size() == 2);
+  CHECK(files[0].filename() == nitro::snapshot::file_name(200, 0));  // untouched
+  CHECK(files[1].filename() == nitro::snapshot::file_name(3, 0));    // the new one kept, older ones gone
+  a.reset();  // the first made goes first
+  struct ::sigaction during {};
+  ::sigaction(SIGTERM, nullptr, &during);
+  const bool still_ours = during.sa_handler == &nitro::snapshot::detail::on_stop_signal ||
+                          during.sa_handler == SIG_DFL;  // SA_RESETHAND reset it when the signal came
+  CHECK(still_ours);
+  c.reset();
+  struct ::sigaction after {};
+  ::sigaction(SIGTERM, nullptr, &after);
+  const bool restored = after.sa_handler == original.sa_handler;
+  CHECK(restored);
 }

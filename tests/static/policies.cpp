@@ -80,4 +80,22 @@ static_assert(std::is_same_v<decltype(Hooked::Options{}.hooks), std::tuple<Count
   loop.step(x, [](const at::Tensor& b) { return b.sum(); });
   loop.load_state(loop.state());
 }
+
+// A hook whose state_dict returns a reference still saves its state.
+struct StateByReference {
+  using family = family::Hook;
+  static constexpr std::string_view name = "by_reference";
+  static constexpr bool enabled = true;
+  struct Options {};
+  const StateDict& state_dict() const { return state; }
+  void load_state_dict(const StateDict& s) { state = s; }
+  StateDict state;
+};
+static_assert(nitro::detail::HasState<StateByReference> && !nitro::detail::BadState<StateByReference>);
+// One with a state_dict of another type is caught (the loop refuses it with a sentence).
+struct StateOfAnotherType {
+  int state_dict() const { return 0; }
+  void load_state_dict(const StateDict&) {}
+};
+static_assert(!nitro::detail::HasState<StateOfAnotherType> && nitro::detail::BadState<StateOfAnotherType>);
 }  // namespace

@@ -277,7 +277,7 @@ class BasicDiskTier {
     file.finish();
 
     std::lock_guard guard(mutex_);
-    file.commit();
+    (void)file.commit();  // renamed (or thrown); a failed fsync of the directory leaves a file a crash may lose, as without fsync
     // The rename replaced the old file; only the books of the old entry remain to drop.
     if (const auto it = index_.find(key); it != index_.end()) forget(it);
     order_.push_back(key);

@@ -6,6 +6,7 @@
 //   nitro::io::AtomicFile out{"/runs/a/step-100.nitro"};   // writes "/runs/a/.step-100.nitro.<pid>.<n>.tmp"
 //   out.write(bytes, n);                                    // as many times as needed
 //   out.commit();            // fsync the file, rename it over the target, fsync the directory
+//                            // (false: renamed, but the directory's fsync failed)
 //   // not committed (an exception, a return): the destructor removes the temporary file
 //
 // The rename is atomic on POSIX file systems: a reader, or a process started after a crash at any
@@ -30,6 +31,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <span>
@@ -220,7 +222,8 @@ inline bool is_temp_name(std::string_view name) noexcept {
 
 /// A file written under a temporary name in the target's directory and renamed over the target by
 /// commit(); removed if never committed. Every failure throws nitro::Error naming the file, the
-/// system's reason and what to do; after a failure the target is what it was before.
+/// system's reason and what to do; after a failure the target is what it was before (a failed fsync
+/// of the directory after the rename is commit()'s false, not a throw: the target is new by then).
 class AtomicFile {
  public:
   struct Options {
@@ -234,8 +237,16 @@ class AtomicFile {
     NITRO_CHECK(!target_.empty() && target_.has_filename(), "nitro::io::AtomicFile: the target path \"",
                 target_.string(), "\" names no file; give a file path such as runs/a/step-100.nitro");
     static std::atomic<std::uint64_t> counter{0};
-    temp_ = target_.parent_path() / ("." + target_.filename().string() + "." + std::to_string(::getpid()) + "." +
-                                     std::to_string(counter++) + ".tmp");
+    // A long name is shortened (its first 100 characters and a hash of it): the temporary's name must
+    // fit the file system's limit whenever the target's does.
+    std::string base = target_.filename().string();
+    if (base.size() > 180) {
+      char hash[17];
+      std::snprintf(hash, sizeof hash, "%016llx",
+                    static_cast<unsigned long long>(xxh64({reinterpret_cast<const std::byte*>(base.data()), base.size()})));
+      base = base.substr(0, 100) + "-" + hash;
+    }
+    temp_ = target_.parent_path() / ("." + base + "." + std::to_string(::getpid()) + "." + std::to_string(counter++) + ".tmp");
     fd_.reset(::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
     if (!fd_) {
       const int err = errno;
@@ -272,16 +283,14 @@ class AtomicFile {
   }
 
   /// finish(), then rename over the target and fsync the directory (Options::fsync). Throws
-  /// nitro::Error and leaves the target as it was when any of them fails.
-  void commit() {
+  /// nitro::Error and leaves the target as it was when the write, the fsync of the file or the rename
+  /// fails. Once renamed, the target is the new file: returns false when the fsync of the directory
+  /// then failed (the new name may not survive a machine crash), true otherwise.
+  [[nodiscard]] bool commit() {
     finish();
     if (::rename(temp_.c_str(), target_.c_str()) != 0) failed("rename");
     committed_ = true;
-    if (o_.fsync && !sync_directory(directory())) {
-      const int err = errno;
-      detail::fail("nitro::io::AtomicFile: ", target_.string(), " is written but fsync of its directory failed: ",
-                   os_error(err), "; it may not survive a machine crash");
-    }
+    return !o_.fsync || sync_directory(directory());
   }
 
   /// Gives up: closes and removes the temporary file (the target is untouched). Idempotent.

@@ -3,7 +3,8 @@
 // moment never costs the last good snapshot, and loaded so that the run continues bit for bit.
 //
 //   // save (between steps, or let snapshot::Policy do it every N steps / T minutes / on SIGTERM):
-//   nitro::snapshot::save("runs/a/snapshot-000100-000.nitro", loop, {.sampler = &sampler, .extras = &extras});
+//   nitro::snapshot::save(std::filesystem::path("runs/a") / nitro::snapshot::file_name(loop.optimizer_steps(), 0),
+//                         loop, {.sampler = &sampler, .extras = &extras});
 //   // resume, in a new process, after building the same model, optimizer, loop and sampler:
 //   if (auto file = nitro::snapshot::latest("runs/a")) nitro::snapshot::load(*file, loop, {.sampler = &sampler});
 //
@@ -27,11 +28,17 @@
 //
 // Loading checks everything before it changes anything: the footer, the manifest, the format
 // version, every part's checksum (the whole file is read once), then the names, shapes and dtypes
-// of the model's parameters, buffers and gradients, the optimizer's groups and state, the loop's
-// policies and the sampler's size. A corrupt, truncated or foreign file, another format version, or
+// of the model's parameters, buffers and gradients, the optimizer's type, groups, options and state
+// (each state tied to its parameter's name), the loop's AMP, accumulation and clip policies and its
+// hook policies' states, and the sampler's size. A corrupt, truncated or foreign file, another format version, or
 // a model or optimizer that does not match, throws nitro::Error naming the part and what differs,
 // and leaves the model, the optimizer, the loop, the sampler, the generators and the file as they
 // were.
+//
+// Not saved: a learning-rate scheduler (LibTorch's keep their step count in the optimizer's options,
+// which are saved; a scheduler object of your own goes into `.extras`), the monitor's timings, and
+// random augmentation drawn from the global generator on prefetching workers (it runs ahead of the
+// consumer, so it cannot be replayed exactly: draw it from (seed, epoch, index) instead).
 //
 // Exactness: with the same program, deterministic kernels and the same number of intra-op threads,
 // a run resumed from a snapshot reaches bitwise the parameters, optimizer state and loss scale of
@@ -52,6 +59,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Type.h>
 #include <torch/headeronly/version.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -79,6 +87,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -145,6 +154,7 @@ inline constexpr std::size_t header_bytes = 16;  // magic, u32 format version, u
 inline constexpr std::size_t footer_bytes = 32;  // u64 offset, u64 size, u64 XXH64 of the manifest, magic
 inline constexpr std::uint64_t max_manifest_bytes = 64ull << 20;
 inline constexpr std::uint32_t max_ndim = 64;
+inline constexpr std::size_t max_parts = 1u << 16;
 
 [[noreturn, gnu::cold]] inline void corrupt(const std::filesystem::path& file, std::string_view part,
                                             std::string_view what) {
@@ -337,6 +347,10 @@ class PartReader {
       const auto nbytes = get_value<std::uint64_t>();
       if (nbytes != expected) fail("a tensor's byte count does not match its shape");
       if (nbytes > left_) fail("a tensor is larger than the part");
+      // What decoding allocates stays within twice the part (plus 16 MB) until the part's checksum
+      // is known to match: a damaged count cannot make a small file take much memory.
+      decoded_ += nbytes + 512 + name.size();
+      if (!verified_ && decoded_ > 2 * part_->bytes + (16u << 20)) verify_ahead();
       at::Tensor t;
       try {
         t = at::empty(sizes, at::TensorOptions().dtype(type));
@@ -362,6 +376,25 @@ class PartReader {
     return d;
   }
 
+  /// Hashes the rest of the part (without consuming it) and checks the checksum now.
+  void verify_ahead() {
+    io::Xxh64 hash = hash_;
+    std::vector<char> buffer(std::min<std::uint64_t>(left_, 4u << 20));
+    for (std::uint64_t at = at_, left = left_; left > 0;) {
+      const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(left, buffer.size()));
+      const ::ssize_t r = ::pread(fd_, buffer.data(), want, static_cast<::off_t>(at));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) fail("the file ends early");
+      hash.update(buffer.data(), static_cast<std::size_t>(r));
+      at += static_cast<std::uint64_t>(r);
+      left -= static_cast<std::uint64_t>(r);
+    }
+#ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
+    if (hash.digest() != part_->checksum) fail("its checksum does not match (a changed or damaged byte)");
+#endif
+    verified_ = true;
+  }
+
   /// Checks that the whole part was read and that its checksum matches the manifest's.
   void finish() {
     if (left_ != 0) fail("bytes are left over after its contents");
@@ -384,6 +417,8 @@ class PartReader {
   const Manifest::Part* part_;
   std::uint64_t at_, left_;
   io::Xxh64 hash_;
+  std::uint64_t decoded_ = 0;
+  bool verified_ = false;
 };
 
 inline std::string hex16(std::uint64_t v) {
@@ -445,8 +480,26 @@ inline std::optional<Manifest> parse_manifest(std::string_view text) {
   return m;
 }
 
-inline bool is_snapshot_name(std::string_view name) noexcept {
-  return name.starts_with("snapshot-") && name.ends_with(".nitro") && !io::is_temp_name(name);
+/// (step, micro-batch) of a name snapshot::file_name() makes, "snapshot-<digits>-<digits>.nitro";
+/// nothing for any other name (temporary files included).
+inline std::optional<std::pair<std::int64_t, std::int64_t>> snapshot_name_numbers(std::string_view name) noexcept {
+  if (!name.starts_with("snapshot-") || !name.ends_with(".nitro")) return std::nullopt;
+  name.remove_prefix(9);
+  name.remove_suffix(6);
+  const auto dash = name.find('-');
+  if (dash == std::string_view::npos) return std::nullopt;
+  const auto number = [](std::string_view digits) -> std::optional<std::int64_t> {
+    if (digits.empty() || digits.size() > 18) return std::nullopt;
+    std::int64_t v = 0;
+    for (const char c : digits) {
+      if (c < '0' || c > '9') return std::nullopt;
+      v = v * 10 + (c - '0');
+    }
+    return v;
+  };
+  const auto step = number(name.substr(0, dash)), micro = number(name.substr(dash + 1));
+  if (!step || !micro) return std::nullopt;
+  return std::pair{*step, *micro};
 }
 
 }  // namespace detail
@@ -496,11 +549,12 @@ class Reader {
                 file_.string(), " has format version ", manifest->format_version, "; this Nitro (", version_string,
                 ") reads format version ", format_version, ". Load it with the Nitro that wrote it (", manifest->nitro,
                 ")");
+    if (manifest->parts.size() > detail::max_parts) detail::corrupt(file_, "manifest", "it lists too many parts");
+    std::set<std::string_view> names;
     for (const auto& p : manifest->parts) {
       if (p.offset < detail::header_bytes || p.offset > offset || p.bytes > offset - p.offset)
         detail::corrupt(file_, p.name, "the manifest places it outside the file");
-      for (const auto& q : manifest->parts)
-        if (&q != &p && q.name == p.name) detail::corrupt(file_, p.name, "the manifest lists it twice");
+      if (!names.insert(p.name).second) detail::corrupt(file_, p.name, "the manifest lists it twice");
     }
     manifest_ = std::move(*manifest);
   }
@@ -570,17 +624,18 @@ class Reader {
   }
 }
 
-/// The snapshot files of a directory (named snapshot-<step>-<micro>.nitro, as snapshot::Policy names
-/// them; temporary files are never listed), newest first by the step in the name.
+/// The snapshot files of a directory, named as snapshot::file_name() names them
+/// (snapshot-<step>-<micro>.nitro; other files, temporary ones included, are never listed), newest
+/// first by (step, micro-batch).
 [[nodiscard]] inline std::vector<std::filesystem::path> list(const std::filesystem::path& directory) {
-  std::vector<std::pair<std::string, std::filesystem::path>> found;
+  std::vector<std::pair<std::pair<std::int64_t, std::int64_t>, std::filesystem::path>> found;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(directory, ec)) {
-    const std::string name = e.path().filename().string();
     std::error_code ignored;
-    if (detail::is_snapshot_name(name) && e.is_regular_file(ignored)) found.emplace_back(name, e.path());
+    if (const auto numbers = detail::snapshot_name_numbers(e.path().filename().string());
+        numbers && e.is_regular_file(ignored))
+      found.emplace_back(*numbers, e.path());
   }
-  // Zero-padded numbers: the names sort as the steps do.
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::filesystem::path> out;
   for (auto& f : found) out.push_back(std::move(f.second));
@@ -725,8 +780,23 @@ inline std::string serialize_options(const torch::optim::OptimizerOptions& optio
   return std::move(out).str();
 }
 
-inline StateDict optimizer_part(torch::optim::Optimizer& optimizer) {
+/// The model's name of each parameter (by TensorImpl), to tie optimizer state to names.
+inline std::map<const void*, std::string> parameter_names(torch::nn::Module* model) {
+  std::map<const void*, std::string> names;
+  if (model != nullptr)
+    for (const auto& p : model->named_parameters(true)) names.emplace(p.value().unsafeGetTensorImpl(), p.key());
+  return names;
+}
+
+inline std::string optimizer_type(const torch::optim::Optimizer& optimizer) {
+  const auto& o = optimizer;
+  return c10::demangle(typeid(o).name());
+}
+
+inline StateDict optimizer_part(torch::optim::Optimizer& optimizer, torch::nn::Module* model = nullptr) {
   StateDict d;
+  const auto names = parameter_names(model);
+  d.strings["type"] = optimizer_type(optimizer);
   auto& groups = optimizer.param_groups();
   d.integers["groups"] = static_cast<std::int64_t>(groups.size());
   std::int64_t k = 0;
@@ -738,6 +808,7 @@ inline StateDict optimizer_part(torch::optim::Optimizer& optimizer) {
     for (const auto& p : groups[g].params()) {
       const auto it = optimizer.state().find(p.unsafeGetTensorImpl());
       const std::string key = "state/" + std::to_string(k++) + "/";
+      if (const auto name = names.find(p.unsafeGetTensorImpl()); name != names.end()) d.strings[key + "param"] = name->second;
       if (it == optimizer.state().end()) continue;
       known = known && memory::detail::with_state_type(*it->second, [&]<class S>() {
         auto& state = static_cast<S&>(*it->second);
@@ -753,6 +824,7 @@ inline StateDict optimizer_part(torch::optim::Optimizer& optimizer) {
   }
   if (!known) {  // an optimizer whose state is not one of those above: LibTorch's own form, whole
     d = StateDict{};
+    d.strings["type"] = optimizer_type(optimizer);
     torch::serialize::OutputArchive archive;
     optimizer.save(archive);
     std::ostringstream out;
@@ -769,12 +841,17 @@ struct OptimizerLoad {
 };
 
 inline OptimizerLoad prepare_optimizer(const std::filesystem::path& file, torch::optim::Optimizer& optimizer,
-                                       const StateDict& saved) {
+                                       const StateDict& saved, torch::nn::Module* model = nullptr) {
   OptimizerLoad out;
   const auto bad = [&](auto&&... what) {
     ::nitro::detail::fail("nitro::snapshot: ", file.string(), ": part \"optimizer\": ", what...,
                           "; load a snapshot of the same optimizer over the same parameters");
   };
+  // The optimizer's own type: Adam's state in an AdamW (the same options) would pass every other check.
+  if (const auto type = saved.strings.find("type"); type == saved.strings.end() || type->second != optimizer_type(optimizer))
+    bad("the snapshot's optimizer is ", type != saved.strings.end() ? type->second : std::string("unnamed"),
+        ", this one ", optimizer_type(optimizer));
+  const auto names = parameter_names(model);
   if (const auto it = saved.strings.find("torch_archive"); it != saved.strings.end()) {
     // LibTorch's API checks this form only by loading it into the optimizer: load() does that first,
     // with a backup to put back if it fails.
@@ -810,6 +887,13 @@ inline OptimizerLoad prepare_optimizer(const std::filesystem::path& file, torch:
     }
     for (const auto& p : groups[g].params()) {
       const std::string key = "state/" + std::to_string(k++) + "/";
+      // Parameters matched by position, as LibTorch does; with the model at hand, their names agree too.
+      if (const auto saved_name = saved.strings.find(key + "param"); saved_name != saved.strings.end()) {
+        const auto name = names.find(p.unsafeGetTensorImpl());
+        if (name != names.end() && name->second != saved_name->second)
+          bad("its parameter ", k - 1, " (group ", g, ") is \"", saved_name->second, "\" in the snapshot and \"",
+              name->second, "\" here: this optimizer lists its parameters in another order");
+      }
       const auto type = saved.strings.find(key + "type");
       if (type == saved.strings.end()) continue;  // no state yet (no step taken)
       std::unique_ptr<torch::optim::OptimizerParamState> state;
@@ -933,10 +1017,21 @@ inline data::SamplerState sampler_state(const StateDict& d) {
 
 /// A loop, seen by save and load through its state (so that this header needs no TrainingLoop type).
 struct LoopAccess {
-  std::function<StateDict()> save;
-  std::function<void(const StateDict&)> load;  // validates first; throws changing nothing
+  using Hooks = std::map<std::string, StateDict, std::less<>>;
+  /// The loop's part and its hooks' states now.
+  std::function<std::pair<StateDict, Hooks>()> save;
+  /// Loads a loop part and hook states; validates first, throws changing nothing.
+  std::function<void(const StateDict&, const Hooks&)> load;
+  /// The loop's policies that decide its numbers: a snapshot of another loop type is refused.
+  std::string policies;
   std::int64_t step = 0, micro_step = 0;
 };
+
+template <class Loop>
+std::string loop_policies() {
+  return ::nitro::detail::concat("amp=", Loop::amp_policy::name, " accumulate=", Loop::accumulation_policy::name,
+                                 " clip=", Loop::clip_policy::name);
+}
 
 template <class State>
 StateDict loop_part(const State& s) {
@@ -977,7 +1072,7 @@ State loop_state(const StateDict& d) {
 }
 
 inline void save(const std::filesystem::path& file, const Contents& c, const LoopAccess* loop,
-                 const std::map<std::string, StateDict, std::less<>>* hooks, const SaveOptions& options) {
+                 const SaveOptions& options) {
   if (file.has_parent_path()) {
     std::error_code ec;
     std::filesystem::create_directories(file.parent_path(), ec);
@@ -998,14 +1093,15 @@ inline void save(const std::filesystem::path& file, const Contents& c, const Loo
     part("model", model_part(*c.model));
     part("grads", grads_part(*c.model));
   }
-  if (c.optimizer != nullptr) part("optimizer", optimizer_part(*c.optimizer));
+  if (c.optimizer != nullptr) part("optimizer", optimizer_part(*c.optimizer, c.model));
   if (loop != nullptr) {
-    part("loop", loop->save());
+    auto [dict, hooks] = loop->save();
+    dict.strings["policies"] = loop->policies;
+    part("loop", dict);
+    for (const auto& [name, d] : hooks) part("hook/" + name, d);
     m.step = loop->step;
     m.micro_step = loop->micro_step;
   }
-  if (hooks != nullptr)
-    for (const auto& [name, d] : *hooks) part("hook/" + name, d);
   if (c.rng) part("rng", rng_part());
   if (c.sampler != nullptr) part("data", sampler_part(c.sampler->state()));
   if (c.extras != nullptr) part("extras", *c.extras);
@@ -1020,7 +1116,9 @@ inline void save(const std::filesystem::path& file, const Contents& c, const Loo
   std::memcpy(footer + 16, &checksum, 8);
   std::memcpy(footer + 24, footer_magic, 8);
   out.write(footer, sizeof footer);
-  out.commit();
+  if (!out.commit())
+    ::nitro::detail::fail("nitro::snapshot: ", file.string(), " is written, but the fsync of its directory failed (",
+                          io::os_error(errno), "): it may not survive a machine crash; check the disk");
 }
 
 /// Reads and checks every part first, then changes the objects: the loop (its own check may refuse
@@ -1032,7 +1130,7 @@ inline Manifest load(const std::filesystem::path& file, const Contents& c, const
     model = prepare_model(file, *c.model, reader.read("model"),
                           reader.has("grads") ? std::optional<StateDict>(reader.read("grads")) : std::nullopt);
   std::optional<OptimizerLoad> optimizer;
-  if (c.optimizer != nullptr) optimizer = prepare_optimizer(file, *c.optimizer, reader.read("optimizer"));
+  if (c.optimizer != nullptr) optimizer = prepare_optimizer(file, *c.optimizer, reader.read("optimizer"), c.model);
   std::optional<StateDict> rng;
   if (c.rng) {
     rng = reader.read("rng");
@@ -1043,7 +1141,17 @@ inline Manifest load(const std::filesystem::path& file, const Contents& c, const
   std::optional<StateDict> extras;
   if (c.extras != nullptr) extras = reader.read("extras");
   std::optional<StateDict> loop_dict;
-  if (loop != nullptr) loop_dict = reader.read("loop");
+  LoopAccess::Hooks hooks;
+  if (loop != nullptr) {
+    loop_dict = reader.read("loop");
+    const auto policies = loop_dict->strings.find("policies");
+    NITRO_CHECK(policies != loop_dict->strings.end() && policies->second == loop->policies, "nitro::snapshot: ",
+                file.string(), ": part \"loop\": the snapshot's loop has the policies \"",
+                policies != loop_dict->strings.end() ? policies->second : std::string("?"), "\", this loop \"",
+                loop->policies, "\"; load it into a loop of the same AMP, accumulation and clip policies");
+    for (const auto& p : reader.manifest().parts)
+      if (p.name.starts_with("hook/")) hooks.emplace(p.name.substr(5), reader.read(p.name));
+  }
   reader.verify_unread();  // every part's checksum, those not loaded too, before anything changes
   // The sampler checks its state against itself without changing it; then a copy is loaded below.
   if (sampler) {
@@ -1056,11 +1164,11 @@ inline Manifest load(const std::filesystem::path& file, const Contents& c, const
     }
   }
   // Everything is read and checked; the loop's load_state checks its own state and hooks last.
-  std::optional<StateDict> loop_before;
+  std::optional<std::pair<StateDict, LoopAccess::Hooks>> loop_before;
   if (loop != nullptr) {
-    if (loop->save) loop_before = loop->save();
+    loop_before = loop->save();
     try {
-      loop->load(*loop_dict);
+      loop->load(*loop_dict, hooks);
     } catch (const Error& e) {
       ::nitro::detail::fail("nitro::snapshot: ", file.string(), ": part \"loop\": ", e.what());
     }
@@ -1073,7 +1181,7 @@ inline Manifest load(const std::filesystem::path& file, const Contents& c, const
       apply_optimizer(*c.optimizer, *optimizer);
     } catch (const std::exception& e) {
       backup.restore();
-      if (loop_before) loop->load(*loop_before);
+      if (loop_before) loop->load(loop_before->first, loop_before->second);
       ::nitro::detail::fail("nitro::snapshot: ", file.string(), ": part \"optimizer\" does not load into this "
                             "optimizer (", e.what(), "); load a snapshot of the same optimizer");
     }
@@ -1090,7 +1198,7 @@ inline Manifest load(const std::filesystem::path& file, const Contents& c, const
 
 /// Saves model, optimizer, sampler, extras and generators (those given) into `file`, atomically.
 inline void save(const std::filesystem::path& file, const Contents& contents, const SaveOptions& options = {}) {
-  detail::save(file, contents, nullptr, nullptr, options);
+  detail::save(file, contents, nullptr, options);
 }
 
 /// Loads what `contents` names from `file`, after checking all of it; see the top of this header.
@@ -1099,6 +1207,30 @@ inline Manifest load(const std::filesystem::path& file, const Contents& contents
   return detail::load(file, contents, nullptr);
 }
 
+
+/// Saves a TrainingLoop's whole run: its model, optimizer and State (hook policies' states as parts
+/// "hook/<name>"), the generators, and what `contents` adds (sampler, extras). Between steps, or
+/// from a hook; in the middle of an accumulation window the gradients so far are saved too.
+namespace detail {
+template <class Loop>
+LoopAccess loop_access(Loop& loop) {
+  LoopAccess access;
+  access.policies = loop_policies<Loop>();
+  access.step = loop.optimizer_steps();
+  access.micro_step = loop.pending_micro_batches();
+  access.save = [&loop] {
+    auto s = loop.state();
+    auto hooks = std::move(s.hooks);
+    return std::pair{loop_part(s), std::move(hooks)};
+  };
+  access.load = [&loop](const StateDict& d, const LoopAccess::Hooks& hooks) {
+    auto s = loop_state<typename Loop::State>(d);
+    s.hooks = hooks;
+    loop.load_state(s);
+  };
+  return access;
+}
+}  // namespace detail
 
 /// Saves a TrainingLoop's whole run: its model, optimizer and State (hook policies' states as parts
 /// "hook/<name>"), the generators, and what `contents` adds (sampler, extras). Between steps, or
@@ -1112,16 +1244,13 @@ template <class Loop>
 void save(const std::filesystem::path& file, Loop& loop, Contents contents = {}, const SaveOptions& options = {}) {
   if (contents.model == nullptr) contents.model = &loop.model();
   if (contents.optimizer == nullptr) contents.optimizer = &loop.optimizer();
-  auto state = loop.state();
-  detail::LoopAccess access;
-  access.step = state.optimizer_steps;
-  access.micro_step = state.pending_micro_batches;
-  access.save = [&state] { return detail::loop_part(state); };
-  detail::save(file, contents, &access, &state.hooks, options);
+  const detail::LoopAccess access = detail::loop_access(loop);
+  detail::save(file, contents, &access, options);
 }
 
 /// Loads a TrainingLoop's run from `file` (see save above), after checking all of it: a snapshot of
-/// another model, optimizer or loop type is refused with the difference named, and nothing changes.
+/// another model, optimizer, or loop of other AMP, accumulation or clip policies or hooks is refused
+/// with the difference named, and nothing changes. (The monitor and checkpoint policies may differ.)
 template <class Loop>
   requires requires(Loop& l) {
     l.state();
@@ -1131,49 +1260,63 @@ template <class Loop>
 Manifest load(const std::filesystem::path& file, Loop& loop, Contents contents = {}) {
   if (contents.model == nullptr) contents.model = &loop.model();
   if (contents.optimizer == nullptr) contents.optimizer = &loop.optimizer();
-  // The hook states are parts of their own; they are read here and handed to the loop's load_state.
-  std::map<std::string, StateDict, std::less<>> hooks;
-  {
-    Reader reader(file);
-    for (const auto& p : reader.manifest().parts)
-      if (p.name.starts_with("hook/")) hooks.emplace(p.name.substr(5), reader.read(p.name));
-  }
-  detail::LoopAccess access;
-  std::map<std::string, StateDict, std::less<>> hooks_before;
-  access.save = [&] {
-    auto s = loop.state();
-    hooks_before = std::move(s.hooks);
-    return detail::loop_part(s);
-  };
-  bool first = true;
-  access.load = [&](const StateDict& d) {
-    auto s = detail::loop_state<typename Loop::State>(d);
-    s.hooks = first ? hooks : hooks_before;  // the snapshot's, or (putting back) the loop's own
-    first = false;
-    loop.load_state(s);
-  };
+  const detail::LoopAccess access = detail::loop_access(loop);
   return detail::load(file, contents, &access);
 }
-
 
 // ---- snapshot::Policy ----------------------------------------------------------------------------------
 
 namespace detail {
-// The signal a Policy caught and has not yet acted on (0: none). A lock-free atomic: setting it is
-// all the handler does.
-inline std::atomic<int> caught_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free);
-extern "C" inline void on_stop_signal(int signo) { caught_signal.store(signo, std::memory_order_relaxed); }
+// Signals caught, counted (each Policy remembers the count it has acted on, so every live Policy
+// sees each signal once, and one made later sees none of the earlier), and the last one's number.
+// Lock-free atomics: updating them is all the handler does.
+inline std::atomic<std::uint64_t> signals_caught{0};
+inline std::atomic<int> last_signal{0};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<int>::is_always_lock_free);
+extern "C" inline void on_stop_signal(int signo) {
+  last_signal.store(signo, std::memory_order_relaxed);
+  signals_caught.fetch_add(1, std::memory_order_release);
+}
+
+// The handlers are installed once for all live Policies and the previous ones put back when the
+// last goes, whatever the order in which they go.
+struct SignalHandlers {
+  std::mutex mutex;
+  int users = 0;
+  struct ::sigaction previous_term {}, previous_int {};
+  static SignalHandlers& get() {
+    static SignalHandlers handlers;
+    return handlers;
+  }
+  void acquire() {
+    std::lock_guard lock(mutex);
+    if (users++ > 0) return;
+    struct ::sigaction action {};
+    action.sa_handler = &on_stop_signal;
+    ::sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESETHAND | SA_RESTART;
+    ::sigaction(SIGTERM, &action, &previous_term);
+    ::sigaction(SIGINT, &action, &previous_int);
+  }
+  void release() {
+    std::lock_guard lock(mutex);
+    if (--users > 0) return;
+    ::sigaction(SIGTERM, &previous_term, nullptr);
+    ::sigaction(SIGINT, &previous_int, nullptr);
+  }
+};
 }  // namespace detail
 
 /// A hook policy that writes snapshots of the loop's run into a directory: every N optimizer steps,
 /// every T minutes (checked after each optimizer step), and when the process receives SIGTERM or
 /// SIGINT (the current step finishes, a snapshot is written, and the step returns with
 /// StepResult::stop set and stop_reason "SIGTERM" or "SIGINT": the caller returns, and the job ends
-/// with everything saved, as preemptible cluster jobs need). The signal handler only sets a flag; it
-/// is installed with SA_RESETHAND, so a second signal while the snapshot is written ends the process
-/// as usual (the snapshot being written is then simply not there; the previous ones are intact).
-/// The handlers in place before are put back when the loop is destroyed.
+/// with everything saved, as preemptible cluster jobs need). The signal handler only counts the
+/// signal; it is installed with SA_RESETHAND, so a second signal while the snapshot is written ends
+/// the process as usual (the snapshot being written is then simply not there; the previous ones are
+/// intact). Every live Policy acts on each signal once; the handlers in place before the first
+/// Policy are put back when the last one is destroyed. A snapshot that fails to be written (a full
+/// disk) makes the step throw, and the signal is acted on again at the next step.
 ///
 ///   using Loop = nitro::TrainingLoop<nitro::amp::Bf16, nitro::snapshot::Policy>;
 ///   Loop loop{model, optimizer, {.hooks = {{.directory = "runs/a", .every_steps = 1000, .keep_last = 3,
@@ -1181,8 +1324,10 @@ extern "C" inline void on_stop_signal(int signo) { caught_signal.store(signo, st
 ///   if (auto last = nitro::snapshot::latest("runs/a")) nitro::snapshot::load(*last, loop, {.sampler = &sampler});
 ///   for (...; ...; ...) if (loop.step(batch, loss_fn).stop) return 0;
 ///
-/// Files are named snapshot-<step>-<micro>.nitro; the newest keep_last are kept, older ones removed
-/// after each new one is safely written.
+/// Files are named by snapshot::file_name(step, micro-batch). After each new snapshot is safely
+/// written, older ones beyond keep_last are removed: only files older than the new one (never the
+/// new one, nor a newer one another run left: latest() picks by step, so move those away when you
+/// resume from an older snapshot on purpose). One writer per directory.
 class Policy {
  public:
   using family = nitro::family::Hook;
@@ -1221,41 +1366,37 @@ class Policy {
                 "; give a writable directory");
     remove_temporary_files(o_.directory);  // one writer per directory: a killed run's leftovers
     if (o_.on_signal) {
-      struct ::sigaction action {};
-      action.sa_handler = &detail::on_stop_signal;
-      ::sigemptyset(&action.sa_mask);
-      action.sa_flags = SA_RESETHAND | SA_RESTART;
-      ::sigaction(SIGTERM, &action, &previous_term_);
-      ::sigaction(SIGINT, &action, &previous_int_);
-      installed_ = true;
+      seen_ = detail::signals_caught.load(std::memory_order_acquire);
+      detail::SignalHandlers::get().acquire();
     }
   }
   Policy(const Policy&) = delete;
   Policy& operator=(const Policy&) = delete;
   ~Policy() {
-    if (installed_) {
-      ::sigaction(SIGTERM, &previous_term_, nullptr);
-      ::sigaction(SIGINT, &previous_int_, nullptr);
-    }
+    if (o_.on_signal) detail::SignalHandlers::get().release();
   }
 
   template <class Loop>
   void after_optimizer_step(Loop& loop, StepResult&) {
     const bool by_steps = o_.every_steps > 0 && loop.optimizer_steps() % o_.every_steps == 0;
-    const bool by_time = o_.every_minutes > 0 &&
-                         std::chrono::steady_clock::now() - last_time_ >= std::chrono::duration<double, std::ratio<60>>(o_.every_minutes);
+    const bool by_time = o_.every_minutes > 0 && std::chrono::steady_clock::now() - last_time_ >=
+                                                     std::chrono::duration<double, std::ratio<60>>(o_.every_minutes);
     if (by_steps || by_time) save_now(loop);
   }
 
   template <class Loop>
   void on_step_end(Loop& loop, StepResult& result, std::int64_t) {
+    if (o_.on_signal) {
+      const std::uint64_t caught = detail::signals_caught.load(std::memory_order_acquire);
+      if (caught != seen_) {
+        const int signo = detail::last_signal.load(std::memory_order_relaxed);
+        save_now(loop);  // throws on failure: the signal stays unseen, and the next step tries again
+        seen_ = caught;
+        result.stop = true;
+        result.stop_reason = signo == SIGTERM ? "SIGTERM" : signo == SIGINT ? "SIGINT" : "signal";
+      }
+    }
     ++steps_ended_;
-    if (!o_.on_signal) return;
-    const int signo = detail::caught_signal.exchange(0, std::memory_order_relaxed);
-    if (signo == 0) return;
-    save_now(loop);
-    result.stop = true;
-    result.stop_reason = signo == SIGTERM ? "SIGTERM" : signo == SIGINT ? "SIGINT" : "signal";
   }
 
   /// Writes a snapshot now (also from outside a step), rotates, and returns its path.
@@ -1269,7 +1410,7 @@ class Policy {
       snapshot::save(file, loop, {.sampler = o_.sampler, .extras = o_.extras}, {.fsync = o_.fsync});
       ++written_;
       saved_at_ = key;
-      rotate();
+      rotate(file);
     }
     last_ = file;
     last_time_ = std::chrono::steady_clock::now();
@@ -1283,12 +1424,20 @@ class Policy {
   [[nodiscard]] const Options& options() const noexcept { return o_; }
 
  private:
-  void rotate() {
-    const auto files = list(o_.directory);
+  // Keeps the new snapshot and the newest keep_last - 1 older ones; never touches newer ones.
+  void rotate(const std::filesystem::path& written) {
+    const auto mine = detail::snapshot_name_numbers(written.filename().string());
+    int kept = 1;
     bool removed = false;
-    for (std::size_t i = static_cast<std::size_t>(o_.keep_last); i < files.size(); ++i) {
+    for (const auto& f : list(o_.directory)) {
+      const auto numbers = detail::snapshot_name_numbers(f.filename().string());
+      if (!mine || !numbers || *numbers >= *mine) continue;
+      if (kept < o_.keep_last) {
+        ++kept;
+        continue;
+      }
       std::error_code ec;
-      removed = std::filesystem::remove(files[i], ec) || removed;
+      removed = std::filesystem::remove(f, ec) || removed;
     }
     if (removed && o_.fsync) io::sync_directory(o_.directory);
   }
@@ -1298,10 +1447,8 @@ class Policy {
   std::array<std::int64_t, 3> saved_at_{-1, -1, -1};
   std::int64_t steps_ended_ = 0;
   std::int64_t written_ = 0;
+  std::uint64_t seen_ = 0;
   std::chrono::steady_clock::time_point last_time_ = std::chrono::steady_clock::now();
-  struct ::sigaction previous_term_ {};
-  struct ::sigaction previous_int_ {};
-  bool installed_ = false;
 };
 
 }  // namespace nitro::snapshot

@@ -198,13 +198,14 @@ template <class H, class Loop>
 concept HasStepEnd = requires(H& h, Loop& l, StepResult& r, std::int64_t rows) { h.on_step_end(l, r, rows); };
 template <class H>
 concept HasState = requires(const H& ch, H& h, const StateDict& s) {
-  { ch.state_dict() } -> std::same_as<StateDict>;
+  { ch.state_dict() } -> std::convertible_to<StateDict>;
   h.load_state_dict(s);
 };
+/// Has a member called state_dict or load_state_dict, but not the pair HasState accepts: a hook whose
+/// state would silently be left out of snapshots.
 template <class H>
-concept HalfState = requires(const H& h) { h.state_dict(); } != requires(H& h, const StateDict& s) {
-  h.load_state_dict(s);
-};
+concept BadState = (requires(const H& h) { h.state_dict(); } || requires(H& h) { &H::load_state_dict; }) &&
+                   !HasState<H>;
 /// The slots of a loop's hooks: the monitor first, the hook policies in order, the clip policy last.
 template <class Monitor, class Clip, class Hooks>
 struct hook_slots;
@@ -219,6 +220,16 @@ struct hook_slots<Monitor, Clip, std::tuple<Hs...>> {
     for (std::size_t i = 0; i < std::size(names); ++i)
       for (std::size_t j = i + 1; j < std::size(names); ++j)
         if (names[i] == names[j]) return false;
+    return true;
+  }
+  /// Names are the keys of the hooks' states and of their parts in snapshots: printable, no spaces.
+  static constexpr bool names_printable() {
+    constexpr std::string_view names[] = {std::string_view("x"), Hs::name...};
+    for (const auto name : names) {
+      if (name.empty() || name.size() > 64) return false;
+      for (const char c : name)
+        if (c <= ' ' || c > '~') return false;
+    }
     return true;
   }
 };

@@ -202,6 +202,8 @@ class TrainingLoop {
   using Slots = detail::hook_slots<monitor_policy, clip_policy, hook_policies>;
   static_assert(Slots::names_distinct(), "TrainingLoop: two hook policies have the same name (or one is named "
                 "\"monitor\" or \"clip\"); a hook's name is the key of its state, so give each its own");
+  static_assert(Slots::names_printable(), "TrainingLoop: a hook policy's name must be 1 to 64 printable characters "
+                "without spaces: it names the hook's part in snapshots");
 
  public:
   struct Options {
@@ -577,8 +579,9 @@ class TrainingLoop {
     if constexpr (detail::SplitsOnOom<Accumulation>) split_ = o_.accumulate.initial_split;
     each_hook([&](auto& h) {
       using H = std::remove_cvref_t<decltype(h)>;
-      static_assert(!detail::HalfState<H>, "TrainingLoop: a hook policy with state_dict() const -> nitro::StateDict "
-                    "needs load_state_dict(const nitro::StateDict&) too, and the reverse");
+      static_assert(!detail::BadState<H>, "TrainingLoop: a hook policy's state needs both `nitro::StateDict "
+                    "state_dict() const` and `void load_state_dict(const nitro::StateDict&)`; this one has a member "
+                    "of those names that does not fit, so its state would be left out of snapshots");
       static_assert(!H::enabled || detail::has_any_hook<H, TrainingLoop>,
                     "TrainingLoop: this hook policy has none of the hooks of train/hooks.hpp (on_step_begin, "
                     "after_forward, after_backward, before_optimizer_step, after_optimizer_step, on_step_end, "
