@@ -206,6 +206,20 @@ inline bool read_all(int fd, void* data, std::size_t n) noexcept {
   return true;
 }
 
+/// Reads n bytes at `offset` (the file position is not used); false on an error or an early end.
+inline bool pread_all(int fd, void* data, std::size_t n, std::uint64_t offset) noexcept {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ::ssize_t r = ::pread(fd, p, n, static_cast<::off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    offset += static_cast<std::uint64_t>(r);
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
 inline std::string os_error(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 

@@ -284,13 +284,7 @@ class PartReader {
     constexpr std::size_t piece = 1u << 20;
     for (std::size_t done = 0; done < n;) {
       const std::size_t want = std::min(piece, n - done);
-      std::size_t got = 0;
-      while (got < want) {
-        const ::ssize_t r = ::pread(fd_, p + done + got, want - got, static_cast<::off_t>(at_ + done + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) fail(r == 0 ? "the file ends early" : "a read failed");
-        got += static_cast<std::size_t>(r);
-      }
+      if (!io::pread_all(fd_, p + done, want, at_ + done)) fail("the file ends early or a read failed");
       hash_.update(p + done, want);
       done += want;
     }
@@ -382,12 +376,10 @@ class PartReader {
     std::vector<char> buffer(std::min<std::uint64_t>(left_, 4u << 20));
     for (std::uint64_t at = at_, left = left_; left > 0;) {
       const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(left, buffer.size()));
-      const ::ssize_t r = ::pread(fd_, buffer.data(), want, static_cast<::off_t>(at));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) fail("the file ends early");
-      hash.update(buffer.data(), static_cast<std::size_t>(r));
-      at += static_cast<std::uint64_t>(r);
-      left -= static_cast<std::uint64_t>(r);
+      if (!io::pread_all(fd_, buffer.data(), want, at)) fail("the file ends early or a read failed");
+      hash.update(buffer.data(), want);
+      at += want;
+      left -= want;
     }
 #ifndef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
     if (hash.digest() != part_->checksum) fail("its checksum does not match (a changed or damaged byte)");
@@ -597,14 +589,7 @@ class Reader {
 
  private:
   void read_at(void* data, std::size_t n, std::uint64_t offset) const {
-    std::size_t done = 0;
-    while (done < n) {
-      const ::ssize_t r = ::pread(fd_.get(), static_cast<char*>(data) + done, n - done,
-                                  static_cast<::off_t>(offset + done));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) detail::corrupt(file_, "", "it ends early");
-      done += static_cast<std::size_t>(r);
-    }
+    if (!io::pread_all(fd_.get(), data, n, offset)) detail::corrupt(file_, "", "it ends early");
   }
 
   std::filesystem::path file_;
