@@ -88,15 +88,16 @@ Row train(const std::string& name, torch::nn::Sequential& model, const Args& arg
   return row;
 }
 
-// A level, with monitor::Phases added, a progress bar and metric files.
-template <class Level>
+// A level, with monitor::Phases added, a progress bar and metric files; SGD with momentum, LibTorch's
+// (torch::optim::SGD) or Nitro's fused one (nitro::optim::FusedSGD: the same steps, one kernel).
+template <class Level, class Optimizer = torch::optim::SGD>
 Row train_level(const std::string& name, const std::string& file, const Args& args, std::int64_t micro_batch,
                 typename Level::Options level_options) {
   using Loop = nitro::level::with<Level, nitro::monitor::Phases>;
   const bool gpu = nitro::Cuda::available();
   auto model = cnn();
   model->to(gpu ? nitro::Cuda::device() : nitro::Cpu::device());
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
+  Optimizer optimizer(model->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
   nitro::hw::ScopedSettings hw{nitro::level::hardware<Level>()};
   typename Loop::Options options;
   options.amp = level_options.amp;
@@ -191,6 +192,8 @@ int main(int argc, char** argv) try {
   std::vector<Row> rows;
   rows.push_back(plain(args));
   rows.push_back(train_level<nitro::level::Basic>("level::Basic", "basic", args, args.batch, {}));
+  rows.push_back(train_level<nitro::level::Basic, nitro::optim::FusedSGD>("level::Basic + FusedSGD", "basic_fused", args,
+                                                                          args.batch, {}));
   rows.push_back(train_level<nitro::level::Advanced>("level::Advanced (bf16)", "advanced", args, args.batch, {}));
   rows.push_back(train_level<nitro::level::Ultra>(
       "level::Ultra (bf16, 2x" + std::to_string(args.batch / 2) + " accum, sqrt ckpt, clip)", "ultra", args, args.batch / 2,
@@ -206,7 +209,7 @@ int main(int argc, char** argv) try {
     if (r.report.empty()) continue;
     std::printf("\n%s, monitor::Phases (per micro-batch step):\n%s", r.name.c_str(), r.report.c_str());
   }
-  std::printf("\nmetrics (a row every 10 optimizer steps): %s/{basic,advanced,ultra}.{jsonl,csv}; plot them with\n"
+  std::printf("\nmetrics (a row every 10 optimizer steps): %s/{basic,basic_fused,advanced,ultra}.{jsonl,csv}; plot them with\n"
               "  python3 bench/plot_metrics.py %s/*.jsonl -o metrics.png\n",
               args.metrics.c_str(), args.metrics.c_str());
   return 0;

@@ -20,8 +20,13 @@
 #include <nitro/memory/oom.hpp>
 #include <nitro/memory/tracking_allocator.hpp>
 
+#include <nitro/optim/fused.hpp>
+#include <nitro/optim/fused_step.hpp>
+#include <nitro/optim/groups.hpp>
+
 #include <nitro/train/accumulate.hpp>
 #include <nitro/train/amp.hpp>
+#include <nitro/train/channels_last.hpp>
 #include <nitro/train/checkpoint.hpp>
 #include <nitro/train/clip.hpp>
 #include <nitro/train/hooks.hpp>

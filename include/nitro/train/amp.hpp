@@ -121,11 +121,16 @@ class GradGroups {
 
 /// Multiplies every gradient by inv_scale and sets found_inf (a float32 scalar on the scale's
 /// device) to 1 if any is inf or NaN, with LibTorch's fused kernel per device and dtype.
+/// Refuses float16 gradients, as torch.amp.GradScaler does.
+inline void check_unscalable(const GradGroups::Group& g) {
+  NITRO_CHECK(g.dtype != at::kHalf,
+              "amp: gradients are float16, so they cannot be unscaled safely (as torch.amp.GradScaler refuses "
+              "too); keep the parameters in float32 and let autocast run the float16 math");
+}
+
 inline void unscale_grads(GradGroups& groups, const at::Tensor& inv_scale, at::Tensor& found_inf) {
   groups.for_each([&](GradGroups::Group& g) {
-    NITRO_CHECK(g.dtype != at::kHalf,
-                "amp: gradients are float16, so they cannot be unscaled safely (as torch.amp.GradScaler refuses "
-                "too); keep the parameters in float32 and let autocast run the float16 math");
+    check_unscalable(g);
     if (g.device == found_inf.device()) {
       at::_amp_foreach_non_finite_check_and_unscale_(g.grads, found_inf, inv_scale);
     } else {

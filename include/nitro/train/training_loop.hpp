@@ -39,6 +39,7 @@
 #include <nitro/train/checkpoint.hpp>
 #include <nitro/train/clip.hpp>
 #include <nitro/train/hooks.hpp>
+#include <nitro/optim/fused_step.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_foreach_mul.h>
@@ -608,8 +609,16 @@ class TrainingLoop {
     try {
       grads_.assign(params_);
       at::Tensor found_inf;
+      [[maybe_unused]] bool scaled = false;  // gradients left scaled for the fused kernel to unscale
       if constexpr (Amp::scales_loss) {
-        found_inf = scaler_.unscale(grads_);
+        if (fold_scaler()) {
+          NITRO_CHECK(scaler_.scale_tensor().defined(), "TrainingLoop: the optimizer step came before any loss was scaled");
+          grads_.for_each(detail::check_unscalable);
+          found_inf = detail::nonfinite_flag(grads_, scaler_.scale_tensor().device());
+          scaled = true;
+        } else {
+          found_inf = scaler_.unscale(grads_);
+        }
       } else {
         if (o_.skip_nonfinite) found_inf = detail::nonfinite_flag(grads_, device_);
       }
@@ -620,7 +629,14 @@ class TrainingLoop {
       grads_.release();  // zero_grad below must be able to free them
       // The one host decision of a step, where a policy needs it.
       const bool skip = found_inf.defined() && found_inf.item<float>() > 0.0f;
-      if (!skip) optimizer_->step();
+      if (!skip) {
+        if constexpr (Amp::scales_loss) {
+          if (scaled) fused_->step_scaled(scaler_.scale_tensor());
+          else optimizer_->step();
+        } else {
+          optimizer_->step();
+        }
+      }
       if constexpr (Amp::scales_loss) {
         scaler_.update(found_inf);
         result.loss_scale = scaler_.scale_tensor().clone();  // the live scale changes in place later
@@ -640,6 +656,23 @@ class TrainingLoop {
       if constexpr (detail::HasAfterOptimizerStep<std::remove_cvref_t<decltype(h)>, TrainingLoop>)
         h.after_optimizer_step(*this, result);
     });
+  }
+
+  // amp::Fp16 with a fused optimizer (optim/fused.hpp): the kernel unscales the gradients as it reads
+  // them, unless a policy reads them before the step (clipping, a hook with before_optimizer_step),
+  // which needs them unscaled first.
+  template <class Tuple>
+  struct any_sees_grads;
+  template <class... Slot>
+  struct any_sees_grads<std::tuple<Slot...>> {
+    static constexpr bool value = (detail::HasBeforeOptimizerStep<decltype(Slot::hook), TrainingLoop> || ...);
+  };
+  bool fold_scaler() const noexcept {
+    if constexpr (Amp::scales_loss && !any_sees_grads<typename Slots::type>::value) {
+      return fused_ != nullptr;
+    } else {
+      return false;
+    }
   }
 
   template <class F>
@@ -693,6 +726,8 @@ class TrainingLoop {
   std::shared_ptr<torch::nn::Module> model_;
   std::shared_ptr<torch::nn::SequentialImpl> sequential_;
   torch::optim::Optimizer* optimizer_;
+  // The optimizer as a fused one (optim/fused.hpp), or null: found once, used by amp::Fp16 only.
+  optim::FusedStep* fused_ = dynamic_cast<optim::FusedStep*>(optimizer_);
   Options o_;
   std::vector<at::Tensor> params_;
   detail::GradGroups grads_;

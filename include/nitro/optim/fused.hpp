@@ -1,0 +1,458 @@
+#pragma once
+// Fused multi-tensor optimizers: FusedAdam, FusedAdamW and FusedSGD, LibTorch's torch::optim::Adam,
+// AdamW and SGD with each step done by one fused kernel per (parameter group, device, dtype) instead
+// of several kernels per parameter: at::_fused_adam_, at::_fused_adamw_ and at::_fused_sgd_, the
+// kernels of Python's `fused=True` (CPU and CUDA in LibTorch 2.11).
+//
+//   nitro::optim::FusedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+//   nitro::TrainingLoop<nitro::amp::Fp16<>> loop{model, optimizer};   // the loss scaler folded in
+//
+// Each derives from its LibTorch counterpart (FusedAdam from torch::optim::Adam, and so on), so it
+// *is* one: the same options (torch::optim::AdamOptions, ...), parameter groups with their own
+// options, the same per-parameter state (torch::optim::AdamParamState: step, exp_avg, exp_avg_sq,
+// max_exp_avg_sq; SGDParamState: momentum_buffer), so `torch::save`d state loads across both ways,
+// and TrainingLoop, memory::StateBackup (the batch-size finder) and snapshots work unchanged.
+// Snapshots record the optimizer's type: a snapshot of a FusedAdamW loads into a FusedAdamW only
+// (torch::save / torch::load go across).
+//
+// What differs from LibTorch's loop over parameters:
+// - The step counter the kernels read is a float32 scalar tensor per parameter on its device (as in
+//   Python's fused optimizers), mirrored from AdamParamState::step: a step written into the state
+//   (load, StateBackup, a snapshot) is copied to the device before the next step. Exact up to 2^24
+//   steps, as in Python.
+// - On a GPU the learning rate reaches the kernels as a device tensor (the kernels' tensor-lr form),
+//   refreshed from the group's options().lr() when it changed, so a schedule that changes the rate
+//   needs no new kernel arguments (what CUDA-graph capture needs). On the CPU it is passed as a number.
+// - Results agree with LibTorch's optimizers to float rounding (the kernels order some operations
+//   differently): tests/optim/fused.cpp checks 50 steps to rtol 1e-6 (fp32, CPU).
+// - Parameters must be floating point (float, double, half, bfloat16) and dense, their gradients of
+//   the same dtype and device; anything else is a nitro::Error naming the parameter's index.
+//
+// The loss scaler folded in (TrainingLoop with amp::Fp16 and one of these optimizers): when no
+// policy reads the gradients before the optimizer step (no clip policy, no hook with
+// before_optimizer_step), the loop does not unscale them in a pass of its own: it checks them for
+// inf/NaN (a read-only pass), and, when they are finite, the fused kernel divides each gradient by
+// the scale as it reads it (step_scaled(), as Python's GradScaler does for fused=True). With
+// clip::Norm, clip::Value or a hook that sees the gradients, they are unscaled first (they must be,
+// to clip), and the fused step runs on unscaled gradients. Either way a step with inf/NaN is skipped
+// and the scale backs off exactly as before.
+#include <nitro/core/error.hpp>
+#include <nitro/optim/fused_step.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_fused_adam.h>
+#include <ATen/ops/_fused_adamw.h>
+#include <ATen/ops/_fused_sgd.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/ScalarType.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace nitro::optim {
+
+namespace detail {
+
+/// The tensors of one fused kernel call: one (device, dtype) of one parameter group.
+struct Bucket {
+  c10::Device device = c10::kCPU;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::vector<at::Tensor> params, grads, first, second, third, steps;
+  std::vector<void*> states;  // the OptimizerParamState of each parameter, to advance its step
+  std::vector<void*> counters;
+  void clear() noexcept {
+    params.clear(), grads.clear(), first.clear(), second.clear(), third.clear(), steps.clear();
+    states.clear(), counters.clear();
+  }
+};
+
+/// Buckets by (device, dtype), reused from step to step: no allocation once they exist.
+class Buckets {
+ public:
+  Bucket& find(c10::Device device, c10::ScalarType dtype) {
+    for (std::size_t i = 0; i < used_; ++i)
+      if (all_[i].device == device && all_[i].dtype == dtype) return all_[i];
+    if (used_ == all_.size()) all_.emplace_back();
+    Bucket& b = all_[used_++];
+    b.device = device, b.dtype = dtype;
+    return b;
+  }
+  template <class F>
+  void for_each(F&& f) {
+    for (std::size_t i = 0; i < used_; ++i) f(all_[i]);
+  }
+  /// Drops every reference (to parameters, gradients, state), keeping the lists' storage.
+  void clear() noexcept {
+    for (auto& b : all_) b.clear();
+    used_ = 0;
+  }
+
+ private:
+  std::vector<Bucket> all_;
+  std::size_t used_ = 0;
+};
+
+/// The step of each parameter as a float32 scalar tensor on its device, for the kernels; mirrors the
+/// host counter of its state (a host counter changed by someone else is copied over before use).
+class StepTensors {
+ public:
+  struct Slot {
+    at::Tensor tensor;
+    std::int64_t value = 0;
+  };
+  Slot& get(const at::Tensor& param, std::int64_t host_step) {
+    Slot& s = slots_[param.unsafeGetTensorImpl()];
+    if (!s.tensor.defined() || s.tensor.device() != param.device()) {
+      s.tensor = at::full({}, static_cast<double>(host_step), at::TensorOptions().dtype(at::kFloat).device(param.device()));
+      s.value = host_step;
+    } else if (s.value != host_step) {
+      s.tensor.fill_(static_cast<double>(host_step));
+      s.value = host_step;
+    }
+    return s;
+  }
+
+ private:
+  std::unordered_map<const void*, Slot> slots_;
+};
+
+/// The learning rate of each (parameter group, device) as a float32 scalar tensor on the device,
+/// refreshed when the group's rate changed.
+class LrTensors {
+ public:
+  const at::Tensor& get(std::size_t group, c10::Device device, double lr) {
+    for (auto& e : entries_)
+      if (e.group == group && e.device == device) {
+        if (e.value != lr) e.tensor.fill_(lr), e.value = lr;
+        return e.tensor;
+      }
+    entries_.push_back({group, device, lr, at::full({}, lr, at::TensorOptions().dtype(at::kFloat).device(device))});
+    return entries_.back().tensor;
+  }
+
+ private:
+  struct Entry {
+    std::size_t group;
+    c10::Device device;
+    double value;
+    at::Tensor tensor;
+  };
+  std::vector<Entry> entries_;
+};
+
+/// The grad_scale of a step on each device it is needed (one copy per device, no synchronisation).
+class PerDevice {
+ public:
+  explicit PerDevice(const at::Tensor* t) : t_(t) {}
+  std::optional<at::Tensor> on(c10::Device device) {
+    if (t_ == nullptr) return std::nullopt;
+    if (t_->device() == device) return *t_;
+    for (auto& [d, copy] : copies_)
+      if (d == device) return copy;
+    return copies_.emplace_back(device, t_->to(device, /*non_blocking=*/true)).second;
+  }
+
+ private:
+  const at::Tensor* t_;
+  std::vector<std::pair<c10::Device, at::Tensor>> copies_;
+};
+
+inline void check_param(const at::Tensor& p, const at::Tensor& grad, std::size_t index, std::string_view who) {
+  NITRO_CHECK(at::isFloatingType(p.scalar_type()), who, ": parameter ", index, " is ", c10::toString(p.scalar_type()),
+              "; the fused kernels take floating-point parameters (float, double, half, bfloat16)");
+  NITRO_CHECK(p.layout() == c10::kStrided && grad.layout() == c10::kStrided, who, ": parameter ", index,
+              " or its gradient is sparse; the fused kernels take dense tensors only (use torch::optim's optimizer)");
+  NITRO_CHECK(p.device().is_cpu() || p.device().is_cuda(), who, ": parameter ", index, " is on ", p.device().str(),
+              "; LibTorch's fused kernels run on the CPU and CUDA");
+  NITRO_CHECK(grad.scalar_type() == p.scalar_type() && grad.device() == p.device(), who, ": the gradient of parameter ",
+              index, " is ", c10::toString(grad.scalar_type()), " on ", grad.device().str(), ", the parameter ",
+              c10::toString(p.scalar_type()), " on ", p.device().str(), "; they must agree");
+}
+
+inline void check_adam_options(double lr, double eps, double beta1, double beta2, double weight_decay,
+                               std::string_view who, std::string_view where) {
+  NITRO_CHECK(std::isfinite(lr) && lr >= 0, who, ": ", where, "lr must be >= 0, got ", lr);
+  NITRO_CHECK(std::isfinite(eps) && eps >= 0, who, ": ", where, "eps must be >= 0, got ", eps);
+  NITRO_CHECK(beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1, who, ": ", where, "betas must be in [0, 1), got (",
+              beta1, ", ", beta2, ")");
+  NITRO_CHECK(std::isfinite(weight_decay) && weight_decay >= 0, who, ": ", where, "weight_decay must be >= 0, got ",
+              weight_decay);
+}
+
+inline void check_sgd_options(const torch::optim::SGDOptions& o, std::string_view who, std::string_view where) {
+  NITRO_CHECK(std::isfinite(o.lr()) && o.lr() >= 0, who, ": ", where, "lr must be >= 0, got ", o.lr());
+  NITRO_CHECK(std::isfinite(o.momentum()) && o.momentum() >= 0, who, ": ", where, "momentum must be >= 0, got ",
+              o.momentum());
+  NITRO_CHECK(std::isfinite(o.dampening()), who, ": ", where, "dampening must be finite, got ", o.dampening());
+  NITRO_CHECK(std::isfinite(o.weight_decay()) && o.weight_decay() >= 0, who, ": ", where,
+              "weight_decay must be >= 0, got ", o.weight_decay());
+  NITRO_CHECK(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0), who, ": ", where,
+              "nesterov needs momentum > 0 and dampening 0, got momentum ", o.momentum(), " and dampening ",
+              o.dampening());
+}
+
+template <class Options>
+const Options& options_of(const torch::optim::OptimizerParamGroup& group) {
+  return static_cast<const Options&>(group.options());
+}
+
+/// FusedAdam and FusedAdamW: Base is torch::optim::Adam or AdamW.
+template <class Base, class Options, class State, bool Decoupled>
+class FusedAdamBase : public Base, public FusedStep {
+  static constexpr std::string_view who = Decoupled ? "nitro::optim::FusedAdamW" : "nitro::optim::FusedAdam";
+
+ public:
+  explicit FusedAdamBase(const std::vector<torch::optim::OptimizerParamGroup>& groups, Options defaults = {})
+      : Base(groups, checked(defaults)) {
+    for (std::size_t g = 0; g < this->param_groups().size(); ++g) check_group(g);
+  }
+  explicit FusedAdamBase(std::vector<at::Tensor> params, Options defaults = {})
+      : FusedAdamBase(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))},
+                      std::move(defaults)) {}
+
+  at::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override {
+    at::Tensor loss;
+    if (closure != nullptr) {
+      at::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    run(nullptr);
+    return loss;
+  }
+  void step_scaled(const at::Tensor& grad_scale) override {
+    NITRO_CHECK(grad_scale.defined() && grad_scale.numel() == 1 && grad_scale.scalar_type() == at::kFloat, who,
+                "::step_scaled: the scale must be a float32 scalar tensor");
+    run(&grad_scale);
+  }
+
+ private:
+  static Options checked(Options o) {
+    check_adam_options(o.lr(), o.eps(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), who,
+                       "default ");
+    return o;
+  }
+  void check_group(std::size_t g) const {
+    const auto& o = options_of<Options>(this->param_groups()[g]);
+    const std::string where = "parameter group " + std::to_string(g) + ": ";
+    check_adam_options(o.lr(), o.eps(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), who, where);
+  }
+
+  void run(const at::Tensor* grad_scale) {
+    at::NoGradGuard no_grad;
+    PerDevice scale(grad_scale);
+    std::size_t index = 0;
+    auto& groups = this->param_groups();
+    try {
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        check_group(g);
+        const auto& o = options_of<Options>(groups[g]);
+        buckets_.clear();
+        for (const auto& p : groups[g].params()) {
+          const std::size_t i = index++;
+          const auto& grad = p.grad();
+          if (!grad.defined()) continue;
+          check_param(p, grad, i, who);
+          auto& slot = this->state()[p.unsafeGetTensorImpl()];
+          if (slot == nullptr) {
+            auto s = std::make_unique<State>();
+            s->step(0);
+            s->exp_avg(at::zeros_like(p, c10::MemoryFormat::Preserve));
+            s->exp_avg_sq(at::zeros_like(p, c10::MemoryFormat::Preserve));
+            if (o.amsgrad()) s->max_exp_avg_sq(at::zeros_like(p, c10::MemoryFormat::Preserve));
+            slot = std::move(s);
+          }
+          auto& state = static_cast<State&>(*slot);
+          if (o.amsgrad() && !state.max_exp_avg_sq().defined())  // amsgrad turned on after some steps
+            state.max_exp_avg_sq(at::zeros_like(p, c10::MemoryFormat::Preserve));
+          auto& counter = steps_.get(p, state.step());
+          Bucket& b = buckets_.find(p.device(), p.scalar_type());
+          b.params.push_back(p);
+          b.grads.push_back(grad);
+          b.first.push_back(state.exp_avg());
+          b.second.push_back(state.exp_avg_sq());
+          if (o.amsgrad()) b.third.push_back(state.max_exp_avg_sq());
+          b.steps.push_back(counter.tensor);
+          b.states.push_back(&state);
+          b.counters.push_back(&counter);
+        }
+        const auto [beta1, beta2] = o.betas();
+        buckets_.for_each([&](Bucket& b) {
+          at::_foreach_add_(b.steps, 1);
+          for (std::size_t k = 0; k < b.states.size(); ++k) {
+            auto& state = *static_cast<State*>(b.states[k]);
+            state.step(state.step() + 1);
+            ++static_cast<StepTensors::Slot*>(b.counters[k])->value;
+          }
+          const auto gs = scale.on(b.device);
+          const auto call = [&](const auto& lr) {
+            if constexpr (Decoupled) {
+              at::_fused_adamw_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2,
+                                o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, gs, std::nullopt);
+            } else {
+              at::_fused_adam_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2,
+                               o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, gs, std::nullopt);
+            }
+          };
+          if (b.device.is_cpu()) {
+            call(o.lr());
+          } else {
+            call(lrs_.get(g, b.device, o.lr()));
+          }
+        });
+      }
+    } catch (...) {
+      buckets_.clear();
+      throw;
+    }
+    buckets_.clear();  // nothing here keeps a gradient alive past the step
+  }
+
+  Buckets buckets_;
+  StepTensors steps_;
+  LrTensors lrs_;
+};
+
+}  // namespace detail
+
+/// torch::optim::Adam with one fused kernel per (group, device, dtype). Options: torch::optim::AdamOptions.
+class FusedAdam final : public detail::FusedAdamBase<torch::optim::Adam, torch::optim::AdamOptions,
+                                                     torch::optim::AdamParamState, false> {
+ public:
+  using FusedAdamBase::FusedAdamBase;
+};
+
+/// torch::optim::AdamW (decoupled weight decay) with one fused kernel per (group, device, dtype).
+/// Options: torch::optim::AdamWOptions.
+class FusedAdamW final : public detail::FusedAdamBase<torch::optim::AdamW, torch::optim::AdamWOptions,
+                                                      torch::optim::AdamWParamState, true> {
+ public:
+  using FusedAdamBase::FusedAdamBase;
+};
+
+/// torch::optim::SGD (momentum, dampening, Nesterov, weight decay) with one fused kernel per
+/// (group, device, dtype). Options: torch::optim::SGDOptions. Momentum buffers are made on a
+/// parameter's first step, as LibTorch does (the buffer starts as the gradient).
+class FusedSGD final : public torch::optim::SGD, public FusedStep {
+  static constexpr std::string_view who = "nitro::optim::FusedSGD";
+
+ public:
+  FusedSGD(const std::vector<torch::optim::OptimizerParamGroup>& groups, torch::optim::SGDOptions defaults)
+      : torch::optim::SGD(groups, checked(defaults)) {
+    for (std::size_t g = 0; g < param_groups().size(); ++g) check_group(g);
+  }
+  FusedSGD(std::vector<at::Tensor> params, torch::optim::SGDOptions defaults)
+      : FusedSGD(std::vector<torch::optim::OptimizerParamGroup>{torch::optim::OptimizerParamGroup(std::move(params))},
+                 std::move(defaults)) {}
+
+  at::Tensor step(LossClosure closure = nullptr) override {
+    at::Tensor loss;
+    if (closure != nullptr) {
+      at::AutoGradMode enable_grad(true);
+      loss = closure();
+    }
+    run(nullptr);
+    return loss;
+  }
+  void step_scaled(const at::Tensor& grad_scale) override {
+    NITRO_CHECK(grad_scale.defined() && grad_scale.numel() == 1 && grad_scale.scalar_type() == at::kFloat, who,
+                "::step_scaled: the scale must be a float32 scalar tensor");
+    run(&grad_scale);
+  }
+
+ private:
+  static torch::optim::SGDOptions checked(torch::optim::SGDOptions o) {
+    detail::check_sgd_options(o, who, "default ");
+    return o;
+  }
+  void check_group(std::size_t g) const {
+    detail::check_sgd_options(detail::options_of<torch::optim::SGDOptions>(param_groups()[g]), who,
+                              "parameter group " + std::to_string(g) + ": ");
+  }
+
+  // Buckets' lists: first holds the momentum buffers of parameters that have one; `fresh_` (reusing
+  // the same type) those taking their first momentum step (the buffer starts as the gradient).
+  void run(const at::Tensor* grad_scale) {
+    at::NoGradGuard no_grad;
+    detail::PerDevice scale(grad_scale);
+    std::size_t index = 0;
+    auto& groups = param_groups();
+    created_.clear();
+    try {
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        check_group(g);
+        const auto& o = detail::options_of<torch::optim::SGDOptions>(groups[g]);
+        const bool momentum = o.momentum() != 0;
+        buckets_.clear();
+        fresh_.clear();
+        for (const auto& p : groups[g].params()) {
+          const std::size_t i = index++;
+          const auto& grad = p.grad();
+          if (!grad.defined()) continue;
+          detail::check_param(p, grad, i, who);
+          detail::Bucket* b = nullptr;
+          if (momentum) {
+            auto& slot = state()[p.unsafeGetTensorImpl()];
+            if (slot == nullptr || !static_cast<torch::optim::SGDParamState&>(*slot).momentum_buffer().defined()) {
+              auto s = std::make_unique<torch::optim::SGDParamState>();
+              s->momentum_buffer(at::empty_like(p, c10::MemoryFormat::Preserve));
+              slot = std::move(s);
+              created_.push_back(p.unsafeGetTensorImpl());
+              b = &fresh_.find(p.device(), p.scalar_type());
+            } else {
+              b = &buckets_.find(p.device(), p.scalar_type());
+            }
+            b->first.push_back(static_cast<torch::optim::SGDParamState&>(*slot).momentum_buffer());
+          } else {
+            b = &buckets_.find(p.device(), p.scalar_type());
+          }
+          b->params.push_back(p);
+          b->grads.push_back(grad);
+        }
+        const auto call = [&](detail::Bucket& b, bool first_step) {
+          const auto gs = scale.on(b.device);
+          if (b.device.is_cpu()) {
+            at::_fused_sgd_(b.params, b.grads, b.first, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
+                            o.nesterov(), /*maximize=*/false, first_step, gs, std::nullopt);
+          } else {
+            at::_fused_sgd_(b.params, b.grads, b.first, o.weight_decay(), o.momentum(), lrs_.get(g, b.device, o.lr()),
+                            o.dampening(), o.nesterov(), /*maximize=*/false, first_step, gs, std::nullopt);
+          }
+        };
+        buckets_.for_each([&](detail::Bucket& b) { call(b, false); });
+        fresh_.for_each([&](detail::Bucket& b) { call(b, true); });
+        created_.clear();  // this group's first steps ran
+      }
+    } catch (...) {
+      // A buffer made for a first step that did not run holds no gradient yet: no state is kept.
+      for (void* key : created_) state().erase(key);
+      created_.clear();
+      buckets_.clear();
+      fresh_.clear();
+      throw;
+    }
+    created_.clear();
+    buckets_.clear();
+    fresh_.clear();
+  }
+
+  detail::Buckets buckets_, fresh_;
+  detail::LrTensors lrs_;
+  std::vector<void*> created_;
+};
+
+}  // namespace nitro::optim

@@ -1,0 +1,52 @@
+#pragma once
+// Channels-last models: nitro::to_channels_last(module) stores every 4-d parameter and buffer (the
+// convolution weights) as NHWC, as Python's `model.to(memory_format=torch.channels_last)` does. With
+// channels-last inputs (data::Prefetcher's `channels_last` option delivers them), cuDNN's convolutions
+// on tensor cores and oneDNN's on the CPU skip their layout transposes.
+//
+//   auto model = make_cnn();
+//   nitro::to_channels_last(*model);                     // before the optimizer is built
+//   nitro::optim::FusedAdamW optimizer(model->parameters(), ...);
+//
+// The tensors stay the same objects (their data is replaced, as Python's param.data = ...), so an
+// optimizer built before still holds them; but its state made before (Adam's moments) keeps the old
+// layout, which LibTorch's kernels then read through strides. Convert first, then build the optimizer.
+// A gradient already there is converted too. Other tensors (1-d biases, 2-d linear weights) are left
+// as they are: channels-last has no meaning for them.
+#include <ATen/core/Tensor.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/MemoryFormat.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+
+namespace nitro {
+
+/// Converts the module's 4-d parameters and buffers (recursively) to channels-last; returns how many
+/// tensors it changed.
+inline std::int64_t to_channels_last(torch::nn::Module& module) {
+  at::NoGradGuard no_grad;
+  std::int64_t changed = 0;
+  const auto convert = [&](at::Tensor& t) {
+    if (!t.defined() || t.dim() != 4 || t.is_contiguous(c10::MemoryFormat::ChannelsLast)) return;
+    t.set_data(t.contiguous(c10::MemoryFormat::ChannelsLast));
+    ++changed;
+  };
+  for (auto& p : module.parameters(/*recurse=*/true)) {
+    convert(p);
+    if (p.grad().defined() && p.grad().dim() == 4) p.mutable_grad() = p.grad().contiguous(c10::MemoryFormat::ChannelsLast);
+  }
+  for (auto& b : module.buffers(/*recurse=*/true)) convert(b);
+  return changed;
+}
+
+/// Whether every 4-d parameter and buffer of the module is channels-last.
+inline bool is_channels_last(torch::nn::Module& module) {
+  for (const auto& p : module.parameters(/*recurse=*/true))
+    if (p.dim() == 4 && !p.is_contiguous(c10::MemoryFormat::ChannelsLast)) return false;
+  for (const auto& b : module.buffers(/*recurse=*/true))
+    if (b.dim() == 4 && !b.is_contiguous(c10::MemoryFormat::ChannelsLast)) return false;
+  return true;
+}
+
+}  // namespace nitro
