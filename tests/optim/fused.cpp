@@ -438,8 +438,8 @@ TEST_CASE("levels take a fused optimizer: Basic with FusedSGD steps as with SGD"
   CHECK(torch::allclose(a->bias, b->bias, 1e-6, 1e-8));
 }
 
-TEST_CASE("gpu: the fused optimizers on CUDA (learning rate as a device tensor) follow LibTorch's there and on the CPU" *
-          nitro::test::needs_gpu()) {
+// The learning rate reaches the CUDA kernels as a device tensor that follows a schedule.
+TEST_CASE("gpu: the fused optimizers on CUDA follow LibTorch's there and the CPU" * nitro::test::needs_gpu()) {
   const c10::Device cuda(c10::kCUDA, 0);
   auto on = [&](std::vector<std::vector<at::Tensor>> params, c10::Device device) {
     for (auto& g : params)
