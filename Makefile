@@ -45,7 +45,7 @@ demo:
 plot:
 	@py=$$(sed -n 's/^set(NITRO_PYTHON "\(.*\)" CACHE.*/\1/p' $(DEPS) 2>/dev/null); \
 	  "$${py:-python3}" bench/plot_metrics.py build-release/demo-metrics/*.jsonl \
-	    -o build-release/demo-metrics/metrics.png --window 5 --title "make demo: the three levels, CPU"
+	    -o build-release/demo-metrics/metrics.png --window 5 --title "make demo: the levels, CPU"
 
 bench:
 	$(MAKE) configure PRESET=release
