@@ -173,7 +173,6 @@ TEST_CASE("torch::save'd state loads across: FusedAdamW into AdamW and AdamW int
   torch::optim::AdamW all({OptimizerParamGroup(p_all[0]), OptimizerParamGroup(p_all[1])}, O(1e-2).amsgrad(true));
   nitro::optim::FusedAdamW first({OptimizerParamGroup(p_a[0]), OptimizerParamGroup(p_a[1])}, O(1e-2).amsgrad(true));
   torch::optim::AdamW second({OptimizerParamGroup(p_b[0]), OptimizerParamGroup(p_b[1])}, O(1e-2).amsgrad(true));
-  nitro::optim::FusedAdamW third({OptimizerParamGroup(p_a[0]), OptimizerParamGroup(p_a[1])}, O(1e-2).amsgrad(true));
   for (int k = 0; k < 30; ++k) {
     set_grads(p_all, k);
     all.step();
@@ -192,13 +191,13 @@ TEST_CASE("torch::save'd state loads across: FusedAdamW into AdamW and AdamW int
       if (k == 20) {
         for (std::size_t g = 0; g < p_a.size(); ++g)
           for (std::size_t i = 0; i < p_a[g].size(); ++i) p_a[g][i].detach().copy_(p_b[g][i].detach());
-        load(third, save(second));  // LibTorch -> fused, into a fused optimizer that has stepped before
+        load(first, save(second));  // LibTorch -> fused, into the fused optimizer whose device counters say 10
       }
       set_grads(p_a, k);
-      third.step();
+      first.step();
     }
   }
-  check_same<torch::optim::AdamWParamState>(third, all, p_a, p_all, 1e-6);
+  check_same<torch::optim::AdamWParamState>(first, all, p_a, p_all, 1e-6);
 
   using S = torch::optim::SGDOptions;
   auto q = make_params();
@@ -398,6 +397,19 @@ TEST_CASE("amp::Fp16 with a fused optimizer: the scaler is folded in where nothi
   CHECK(skipped == 4);
   for (std::size_t i = 0; i < ref_p.size(); ++i) CHECK(torch::allclose(fused_p[i], ref_p[i], 1e-5, 1e-7));
 
+  // SGD's update is proportional to the gradient (Adam's hardly depends on its scale): a missing or
+  // double unscale would show at once.
+  const auto fused_sgd = [](auto params) {
+    return std::make_unique<nitro::optim::FusedSGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+  };
+  const auto sgd_momentum = [](auto params) {
+    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+  };
+  const auto [fs_t, fs_p, fs_o] = run(std::type_identity<Fp16>{}, fused_sgd, infs, 20);
+  const auto [rs_t, rs_p, rs_o] = run(std::type_identity<Fp16>{}, sgd_momentum, infs, 20);
+  CHECK(fs_t == rs_t);
+  for (std::size_t i = 0; i < rs_p.size(); ++i) CHECK(max_rel_diff(fs_p[i], rs_p[i]) <= 1e-6);
+
   // Which step the loop calls: step_scaled without clipping, step() (on unscaled gradients) with it
   // or with a hook that sees the gradients; both follow LibTorch's SGD.
   const auto spy = [](auto params) { return std::make_unique<Spy>(params, torch::optim::SGDOptions(0.1)); };
@@ -436,6 +448,98 @@ TEST_CASE("levels take a fused optimizer: Basic with FusedSGD steps as with SGD"
   }
   CHECK(torch::allclose(a->weight, b->weight, 1e-6, 1e-8));
   CHECK(torch::allclose(a->bias, b->bias, 1e-6, 1e-8));
+}
+
+TEST_CASE("state and gradients of another layout than their parameter are laid out like it: the steps stay LibTorch's") {
+  // A channels-last parameter whose Adam state comes back NCHW (as a snapshot or torch::load makes it)
+  // and whose gradient is NCHW: the CPU kernels walk memory in the parameter's order.
+  torch::manual_seed(2);
+  const auto w0 = torch::randn({4, 3, 3, 3});
+  auto a = w0.contiguous(c10::MemoryFormat::ChannelsLast).requires_grad_(true);
+  auto b = w0.clone().requires_grad_(true);
+  nitro::optim::FusedAdam fa({a}, torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam fb({b}, torch::optim::AdamOptions(1e-2));
+  for (int k = 0; k < 8; ++k) {
+    const auto g = torch::sin(torch::arange(108, torch::kFloat).reshape({4, 3, 3, 3}) * 0.1 + k);
+    a.mutable_grad() = k % 2 ? g.contiguous(c10::MemoryFormat::ChannelsLast) : g.clone();  // NCHW every other step
+    b.mutable_grad() = g.clone();
+    if (k == 4) {  // the state as a loader makes it: plain NCHW
+      auto& s = static_cast<torch::optim::AdamParamState&>(*fa.state().at(a.unsafeGetTensorImpl()));
+      s.exp_avg(s.exp_avg().contiguous());
+      s.exp_avg_sq(s.exp_avg_sq().contiguous());
+      REQUIRE_FALSE(s.exp_avg().is_contiguous(c10::MemoryFormat::ChannelsLast));
+    }
+    fa.step();
+    fb.step();
+  }
+  CHECK(a.is_contiguous(c10::MemoryFormat::ChannelsLast));
+  CHECK(max_rel_diff(a, b) <= 1e-6);
+  auto& s = static_cast<torch::optim::AdamParamState&>(*fa.state().at(a.unsafeGetTensorImpl()));
+  CHECK(s.exp_avg().is_contiguous(c10::MemoryFormat::ChannelsLast));  // laid out again, once
+
+  // SGD's momentum buffer too.
+  auto c = w0.contiguous(c10::MemoryFormat::ChannelsLast).requires_grad_(true);
+  auto d = w0.clone().requires_grad_(true);
+  nitro::optim::FusedSGD fc({c}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD fd({d}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int k = 0; k < 6; ++k) {
+    const auto g = torch::cos(torch::arange(108, torch::kFloat).reshape({4, 3, 3, 3}) * 0.2 + k);
+    c.mutable_grad() = g.clone();
+    d.mutable_grad() = g.clone();
+    if (k == 3) {
+      auto& st = static_cast<torch::optim::SGDParamState&>(*fc.state().at(c.unsafeGetTensorImpl()));
+      st.momentum_buffer(st.momentum_buffer().contiguous());
+    }
+    fc.step();
+    fd.step();
+  }
+  CHECK(max_rel_diff(c, d) <= 1e-6);
+}
+
+TEST_CASE("what the fused kernels cannot take is refused before anything changes: views, fp16 momentum on the CPU, a bad group") {
+  // A parameter that is a strided view: the CPU kernel would write between its elements.
+  auto base = torch::zeros({4, 6});
+  auto view = base.slice(1, 0, 6, 2).requires_grad_(true);
+  view.mutable_grad() = torch::ones({4, 3});
+  nitro::optim::FusedSGD on_view({view}, torch::optim::SGDOptions(0.1));
+  CHECK_THROWS_WITH_AS(on_view.step(), doctest::Contains("is a view with gaps or overlaps"), nitro::Error);
+  CHECK(torch::equal(base, torch::zeros({4, 6})));
+
+  auto h = torch::ones({8}, torch::kBFloat16).requires_grad_(true);
+  h.mutable_grad() = torch::ones({8}, torch::kBFloat16);
+  nitro::optim::FusedSGD bf16({h}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  CHECK_THROWS_WITH_AS(bf16.step(), doctest::Contains("BFloat16 on the CPU with momentum"), nitro::Error);
+  CHECK(bf16.state().empty());
+
+  // A mistake in the second group: the first is not stepped either, and no counter moved.
+  auto p0 = torch::ones({3}).requires_grad_(true);
+  auto p1 = torch::ones({3}).requires_grad_(true);
+  nitro::optim::FusedAdam adam({OptimizerParamGroup({p0}), OptimizerParamGroup({p1})}, torch::optim::AdamOptions(0.1));
+  p0.mutable_grad() = torch::ones({3});
+  p1.mutable_grad() = torch::ones({3});
+  adam.step();
+  const auto before = p0.detach().clone();
+  p1.mutable_grad() = torch::ones({3}, torch::kDouble);
+  CHECK_THROWS_AS(adam.step(), nitro::Error);
+  CHECK(torch::equal(p0.detach(), before));
+  CHECK(static_cast<torch::optim::AdamParamState&>(*adam.state().at(p0.unsafeGetTensorImpl())).step() == 1);
+}
+
+TEST_CASE("amp::Fp16 with a fused optimizer trains a model with an empty parameter") {
+  torch::manual_seed(4);
+  torch::nn::Linear model(4, 2);
+  auto empty = torch::zeros({0}).requires_grad_(true);
+  std::vector<at::Tensor> params = model->parameters();
+  params.push_back(empty);
+  nitro::optim::FusedAdamW optimizer(params, torch::optim::AdamWOptions(1e-2));
+  // (init_scale 1024: at 65536 the float16 gradient of the output, 65536, would overflow, and skip.)
+  nitro::TrainingLoop<nitro::amp::Fp16<>> loop{model, optimizer, {.amp = {.init_scale = 1024.0}}};
+  const auto w = model->weight.detach().clone();
+  for (int k = 0; k < 3; ++k)
+    loop.step(torch::ones({2, 4}), [&](const at::Tensor& x) { return model->forward(x).sum() + empty.sum(); });
+  CHECK(loop.optimizer_steps() == 3);
+  CHECK(loop.skipped_steps() == 0);
+  CHECK_FALSE(torch::equal(model->weight.detach(), w));
 }
 
 // The learning rate reaches the CUDA kernels as a device tensor that follows a schedule.

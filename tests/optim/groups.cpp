@@ -62,7 +62,6 @@ TEST_CASE("groups(): rules add up, every trainable parameter lands in exactly on
   // 2 (conv) + 2 (batch norm) + 1 (embedding) + 2 (head) + 2 (layer norm) + 2 (header): 11; tied's
   // are head's, the frozen one is left out.
   CHECK(seen.size() == 11);
-  CHECK(by_name.count("tied.weight") == 0);
   CHECK(by_name.count("frozen") == 0);
   using P = std::pair<double, double>;
   CHECK(by_name.at("backbone.0.weight") == P{1e-3, 0.05});  // the default group
@@ -119,4 +118,48 @@ TEST_CASE("groups(): globs, prefixes and kinds together, and a rule that matches
   const auto one = nitro::optim::groups<O>(*net, O(1e-3), {});
   REQUIRE(one.size() == 1);
   CHECK(one[0].params().size() == 11);
+}
+
+namespace {
+struct SurfaceNormalHeadImpl : torch::nn::Module {  // "Norm" inside the name, not a norm
+  SurfaceNormalHeadImpl() { weight = register_parameter("weight", torch::ones({3})); }
+  at::Tensor weight;
+};
+TORCH_MODULE(SurfaceNormalHead);
+struct MyLayerNormImpl : torch::nn::Module {
+  MyLayerNormImpl() { weight = register_parameter("weight", torch::ones({3})); }
+  at::Tensor weight;
+};
+TORCH_MODULE(MyLayerNorm);
+struct TwoHeadsImpl : torch::nn::Module {
+  TwoHeadsImpl() {
+    normal = register_module("normal", SurfaceNormalHead());
+    norm = register_module("norm", MyLayerNorm());
+    head = register_module("head", torch::nn::Linear(3, 3));
+    tied = register_module("tied", head);
+  }
+  SurfaceNormalHead normal{nullptr};
+  MyLayerNorm norm{nullptr};
+  torch::nn::Linear head{nullptr}, tied{nullptr};
+};
+TORCH_MODULE(TwoHeads);
+}  // namespace
+
+TEST_CASE("groups(): a norm is a class whose name ends so, and a shared module matches by any of its names") {
+  TwoHeads net;
+  const auto names = names_of(*net);
+  const auto groups = nitro::optim::groups<O>(*net, O(1e-3),
+                                              {{"norms", {.kinds = Kind::norm}, [](O& o) { o.weight_decay(0); }},
+                                               {"tied", {.names = {"tied"}}, [](O& o) { o.lr(0.5); }}});
+  std::map<std::string, std::pair<double, double>> by_name;
+  for (const auto& g : groups)
+    for (const auto& p : g.params())
+      by_name[names.at(p.unsafeGetTensorImpl())] = {static_cast<const O&>(g.options()).lr(),
+                                                     static_cast<const O&>(g.options()).weight_decay()};
+  using P = std::pair<double, double>;
+  CHECK(by_name.at("normal.weight") == P{1e-3, 0.01});  // SurfaceNormalHead: not a norm (AdamW's default decay)
+  CHECK(by_name.at("norm.weight") == P{1e-3, 0.0});      // MyLayerNorm: a norm
+  CHECK(by_name.at("head.weight") == P{0.5, 0.01});      // "tied" names head's tensors too
+  CHECK(by_name.at("head.bias") == P{0.5, 0.01});
+  CHECK(by_name.size() == 4);
 }

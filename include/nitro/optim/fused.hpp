@@ -25,8 +25,15 @@
 //   needs no new kernel arguments (what CUDA-graph capture needs). On the CPU it is passed as a number.
 // - Results agree with LibTorch's optimizers to float rounding (the kernels order some operations
 //   differently): tests/optim/fused.cpp checks 50 steps to rtol 1e-6 (fp32, CPU).
-// - Parameters must be floating point (float, double, half, bfloat16) and dense, their gradients of
-//   the same dtype and device; anything else is a nitro::Error naming the parameter's index.
+// - Parameters must be floating point and dense (a tensor of their own, contiguous or channels-last:
+//   not a view with gaps), their gradients of the same dtype and device; anything else is a
+//   nitro::Error naming the parameter's index. LibTorch's CPU kernels walk every tensor's memory in
+//   the parameter's order without reading strides, so a gradient or a state of another layout (an
+//   NCHW state loaded by a snapshot or torch::load for a channels-last parameter, a model converted
+//   after its optimizer made state) is laid out like its parameter first (a copy, once for a state).
+// - Tested with float32 and float64 parameters. FusedSGD with momentum refuses float16/bfloat16
+//   parameters on the CPU: LibTorch 2.11's fused CPU kernel computes their momentum buffer wrongly
+//   (an outside review measured a buffer off by 2.6 against float32's 0.02 for LibTorch's SGD).
 //
 // The loss scaler folded in (TrainingLoop with amp::Fp16 and one of these optimizers): when no
 // policy reads the gradients before the optimizer step (no clip policy, no hook with
@@ -41,6 +48,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_foreach_sub.h>
 #include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/_fused_sgd.h>
@@ -164,7 +172,8 @@ class PerDevice {
     if (t_->device() == device) return *t_;
     for (auto& [d, copy] : copies_)
       if (d == device) return copy;
-    return copies_.emplace_back(device, t_->to(device, /*non_blocking=*/true)).second;
+    // To a GPU: ordered on its stream, no wait. To the CPU: the kernel reads the value at once, so wait.
+    return copies_.emplace_back(device, t_->to(device, /*non_blocking=*/!device.is_cpu())).second;
   }
 
  private:
@@ -177,11 +186,39 @@ inline void check_param(const at::Tensor& p, const at::Tensor& grad, std::size_t
               "; the fused kernels take floating-point parameters (float, double, half, bfloat16)");
   NITRO_CHECK(p.layout() == c10::kStrided && grad.layout() == c10::kStrided, who, ": parameter ", index,
               " or its gradient is sparse; the fused kernels take dense tensors only (use torch::optim's optimizer)");
+  NITRO_CHECK(p.is_non_overlapping_and_dense(), who, ": parameter ", index, " (", p.sizes(), ", strides ", p.strides(),
+              ") is a view with gaps or overlaps; the CPU kernels walk a parameter's memory in order, so they would "
+              "write outside it: make the parameter a tensor of its own (contiguous or channels-last)");
   NITRO_CHECK(p.device().is_cpu() || p.device().is_cuda(), who, ": parameter ", index, " is on ", p.device().str(),
               "; LibTorch's fused kernels run on the CPU and CUDA");
   NITRO_CHECK(grad.scalar_type() == p.scalar_type() && grad.device() == p.device(), who, ": the gradient of parameter ",
               index, " is ", c10::toString(grad.scalar_type()), " on ", grad.device().str(), ", the parameter ",
               c10::toString(p.scalar_type()), " on ", p.device().str(), "; they must agree");
+}
+
+/// `t` (a gradient or a state tensor of parameter `p`) with p's dtype, device and strides: the CPU
+/// kernels walk every tensor's memory in the parameter's order and read no strides, so a state loaded
+/// as NCHW (a snapshot, torch::load) for a channels-last parameter must be laid out again first. A
+/// copy only when the layout differs (once for a state: it is stored back).
+inline bool laid_out_like(const at::Tensor& t, const at::Tensor& p) {
+  return t.scalar_type() == p.scalar_type() && t.device() == p.device() && t.strides() == p.strides();
+}
+inline at::Tensor lay_out_like(const at::Tensor& t, const at::Tensor& p, std::size_t index, std::string_view who) {
+  NITRO_CHECK(t.sizes() == p.sizes(), who, ": the state of parameter ", index, " is ", t.sizes(), ", the parameter ",
+              p.sizes(), "; load the state of an optimizer over the same parameters");
+  return at::empty_like(p, c10::MemoryFormat::Preserve).copy_(t);
+}
+
+/// The loss of a step's closure (with gradients on, as LibTorch's optimizers do), or none.
+inline at::Tensor call_closure(const torch::optim::Optimizer::LossClosure& closure) {
+  if (closure == nullptr) return {};
+  at::AutoGradMode enable_grad(true);
+  return closure();
+}
+
+inline void check_scale(const at::Tensor& scale, std::string_view who) {
+  NITRO_CHECK(scale.defined() && scale.numel() == 1 && scale.scalar_type() == at::kFloat, who,
+              "::step_scaled: the scale must be a float32 scalar tensor");
 }
 
 inline void check_adam_options(double lr, double eps, double beta1, double beta2, double weight_decay,
@@ -226,17 +263,12 @@ class FusedAdamBase : public Base, public FusedStep {
                       std::move(defaults)) {}
 
   at::Tensor step(torch::optim::Optimizer::LossClosure closure = nullptr) override {
-    at::Tensor loss;
-    if (closure != nullptr) {
-      at::AutoGradMode enable_grad(true);
-      loss = closure();
-    }
+    at::Tensor loss = detail::call_closure(closure);
     run(nullptr);
     return loss;
   }
   void step_scaled(const at::Tensor& grad_scale) override {
-    NITRO_CHECK(grad_scale.defined() && grad_scale.numel() == 1 && grad_scale.scalar_type() == at::kFloat, who,
-                "::step_scaled: the scale must be a float32 scalar tensor");
+    detail::check_scale(grad_scale, who);
     run(&grad_scale);
   }
 
@@ -252,77 +284,89 @@ class FusedAdamBase : public Base, public FusedStep {
     check_adam_options(o.lr(), o.eps(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.weight_decay(), who, where);
   }
 
+  // Two phases: every group is checked and its lists made, then the kernels run; a mistake found in
+  // any group leaves every parameter and counter as it was.
   void run(const at::Tensor* grad_scale) {
     at::NoGradGuard no_grad;
     PerDevice scale(grad_scale);
-    std::size_t index = 0;
     auto& groups = this->param_groups();
-    try {
-      for (std::size_t g = 0; g < groups.size(); ++g) {
-        check_group(g);
-        const auto& o = options_of<Options>(groups[g]);
-        buckets_.clear();
-        for (const auto& p : groups[g].params()) {
-          const std::size_t i = index++;
-          const auto& grad = p.grad();
-          if (!grad.defined()) continue;
-          check_param(p, grad, i, who);
-          auto& slot = this->state()[p.unsafeGetTensorImpl()];
-          if (slot == nullptr) {
-            auto s = std::make_unique<State>();
-            s->step(0);
-            s->exp_avg(at::zeros_like(p, c10::MemoryFormat::Preserve));
-            s->exp_avg_sq(at::zeros_like(p, c10::MemoryFormat::Preserve));
-            if (o.amsgrad()) s->max_exp_avg_sq(at::zeros_like(p, c10::MemoryFormat::Preserve));
-            slot = std::move(s);
-          }
-          auto& state = static_cast<State&>(*slot);
-          if (o.amsgrad() && !state.max_exp_avg_sq().defined())  // amsgrad turned on after some steps
-            state.max_exp_avg_sq(at::zeros_like(p, c10::MemoryFormat::Preserve));
-          auto& counter = steps_.get(p, state.step());
-          Bucket& b = buckets_.find(p.device(), p.scalar_type());
-          b.params.push_back(p);
-          b.grads.push_back(grad);
-          b.first.push_back(state.exp_avg());
-          b.second.push_back(state.exp_avg_sq());
-          if (o.amsgrad()) b.third.push_back(state.max_exp_avg_sq());
-          b.steps.push_back(counter.tensor);
-          b.states.push_back(&state);
-          b.counters.push_back(&counter);
-        }
-        const auto [beta1, beta2] = o.betas();
-        buckets_.for_each([&](Bucket& b) {
-          at::_foreach_add_(b.steps, 1);
-          for (std::size_t k = 0; k < b.states.size(); ++k) {
-            auto& state = *static_cast<State*>(b.states[k]);
-            state.step(state.step() + 1);
-            ++static_cast<StepTensors::Slot*>(b.counters[k])->value;
-          }
-          const auto gs = scale.on(b.device);
-          const auto call = [&](const auto& lr) {
-            if constexpr (Decoupled) {
-              at::_fused_adamw_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2,
-                                o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, gs, std::nullopt);
-            } else {
-              at::_fused_adam_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2,
-                               o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, gs, std::nullopt);
-            }
-          };
-          if (b.device.is_cpu()) {
-            call(o.lr());
-          } else {
-            call(lrs_.get(g, b.device, o.lr()));
-          }
-        });
+    if (per_group_.size() < groups.size()) per_group_.resize(groups.size());
+    struct Clear {
+      std::vector<Buckets>& b;
+      ~Clear() {  // nothing here keeps a gradient or a state alive past the step
+        for (auto& x : b) x.clear();
       }
-    } catch (...) {
-      buckets_.clear();
-      throw;
+    } clear{per_group_};
+    std::size_t index = 0;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      check_group(g);
+      const auto& o = options_of<Options>(groups[g]);
+      for (const auto& p : groups[g].params()) {
+        const std::size_t i = index++;
+        if (!p.grad().defined()) continue;
+        check_param(p, p.grad(), i, who);
+        if (!laid_out_like(p.grad(), p)) p.mutable_grad() = lay_out_like(p.grad(), p, i, who);
+        auto& slot = this->state()[p.unsafeGetTensorImpl()];
+        if (slot == nullptr) {
+          auto s = std::make_unique<State>();
+          s->step(0);
+          s->exp_avg(at::zeros_like(p, c10::MemoryFormat::Preserve));
+          s->exp_avg_sq(at::zeros_like(p, c10::MemoryFormat::Preserve));
+          if (o.amsgrad()) s->max_exp_avg_sq(at::zeros_like(p, c10::MemoryFormat::Preserve));
+          slot = std::move(s);
+        }
+        auto& state = static_cast<State&>(*slot);
+        if (o.amsgrad() && !state.max_exp_avg_sq().defined())  // amsgrad turned on after some steps
+          state.max_exp_avg_sq(at::zeros_like(p, c10::MemoryFormat::Preserve));
+        if (!laid_out_like(state.exp_avg(), p)) state.exp_avg(lay_out_like(state.exp_avg(), p, i, who));
+        if (!laid_out_like(state.exp_avg_sq(), p)) state.exp_avg_sq(lay_out_like(state.exp_avg_sq(), p, i, who));
+        if (o.amsgrad() && !laid_out_like(state.max_exp_avg_sq(), p))
+          state.max_exp_avg_sq(lay_out_like(state.max_exp_avg_sq(), p, i, who));
+        auto& counter = steps_.get(p, state.step());
+        Bucket& b = per_group_[g].find(p.device(), p.scalar_type());
+        b.params.push_back(p);
+        b.grads.push_back(p.grad());
+        b.first.push_back(state.exp_avg());
+        b.second.push_back(state.exp_avg_sq());
+        if (o.amsgrad()) b.third.push_back(state.max_exp_avg_sq());
+        b.steps.push_back(counter.tensor);
+        b.states.push_back(&state);
+        b.counters.push_back(&counter);
+      }
     }
-    buckets_.clear();  // nothing here keeps a gradient alive past the step
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const auto& o = options_of<Options>(groups[g]);
+      const auto [beta1, beta2] = o.betas();
+      per_group_[g].for_each([&](Bucket& b) {
+        const auto gs = scale.on(b.device);
+        const auto call = [&](const auto& lr) {
+          if constexpr (Decoupled) {
+            at::_fused_adamw_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2,
+                              o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, gs, std::nullopt);
+          } else {
+            at::_fused_adam_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2,
+                             o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, gs, std::nullopt);
+          }
+        };
+        at::_foreach_add_(b.steps, 1);  // the kernels read the step of this update
+        try {
+          // The CPU takes the rate as a number; so do double parameters (a float32 rate would round it).
+          if (b.device.is_cpu() || b.dtype == at::kDouble) call(o.lr());
+          else call(lrs_.get(g, b.device, o.lr()));
+        } catch (...) {
+          at::_foreach_sub_(b.steps, 1);
+          throw;
+        }
+        for (std::size_t k = 0; k < b.states.size(); ++k) {
+          auto& state = *static_cast<State*>(b.states[k]);
+          state.step(state.step() + 1);
+          ++static_cast<StepTensors::Slot*>(b.counters[k])->value;
+        }
+      });
+    }
   }
 
-  Buckets buckets_;
+  std::vector<Buckets> per_group_;
   StepTensors steps_;
   LrTensors lrs_;
 };
@@ -360,17 +404,12 @@ class FusedSGD final : public torch::optim::SGD, public FusedStep {
                  std::move(defaults)) {}
 
   at::Tensor step(LossClosure closure = nullptr) override {
-    at::Tensor loss;
-    if (closure != nullptr) {
-      at::AutoGradMode enable_grad(true);
-      loss = closure();
-    }
+    at::Tensor loss = detail::call_closure(closure);
     run(nullptr);
     return loss;
   }
   void step_scaled(const at::Tensor& grad_scale) override {
-    NITRO_CHECK(grad_scale.defined() && grad_scale.numel() == 1 && grad_scale.scalar_type() == at::kFloat, who,
-                "::step_scaled: the scale must be a float32 scalar tensor");
+    detail::check_scale(grad_scale, who);
     run(&grad_scale);
   }
 
@@ -384,26 +423,40 @@ class FusedSGD final : public torch::optim::SGD, public FusedStep {
                               "parameter group " + std::to_string(g) + ": ");
   }
 
-  // Buckets' lists: first holds the momentum buffers of parameters that have one; `fresh_` (reusing
-  // the same type) those taking their first momentum step (the buffer starts as the gradient).
+  // Buckets' lists: `first` holds the momentum buffers. Per group, `fresh` holds the parameters taking
+  // their first momentum step (the buffer starts as the gradient), `stepped` the others. Two phases,
+  // as FusedAdam's: everything is checked and the lists made, then the kernels run.
   void run(const at::Tensor* grad_scale) {
     at::NoGradGuard no_grad;
     detail::PerDevice scale(grad_scale);
-    std::size_t index = 0;
     auto& groups = param_groups();
+    if (stepped_.size() < groups.size()) stepped_.resize(groups.size()), fresh_.resize(groups.size());
     created_.clear();
+    struct Clear {
+      FusedSGD& o;
+      ~Clear() {  // nothing here keeps a gradient or a state alive past the step
+        for (auto& x : o.stepped_) x.clear();
+        for (auto& x : o.fresh_) x.clear();
+        o.created_.clear();
+      }
+    } clear{*this};
+    std::size_t index = 0;
     try {
       for (std::size_t g = 0; g < groups.size(); ++g) {
         check_group(g);
         const auto& o = detail::options_of<torch::optim::SGDOptions>(groups[g]);
         const bool momentum = o.momentum() != 0;
-        buckets_.clear();
-        fresh_.clear();
         for (const auto& p : groups[g].params()) {
           const std::size_t i = index++;
-          const auto& grad = p.grad();
-          if (!grad.defined()) continue;
-          detail::check_param(p, grad, i, who);
+          if (!p.grad().defined()) continue;
+          detail::check_param(p, p.grad(), i, who);
+          NITRO_CHECK(!momentum || !p.device().is_cpu() ||
+                          (p.scalar_type() != at::kHalf && p.scalar_type() != at::kBFloat16),
+                      who, ": parameter ", i, " is ", c10::toString(p.scalar_type()), " on the CPU with momentum: "
+                      "LibTorch 2.11's fused CPU kernel reads such a momentum buffer as float32 and computes it wrongly; "
+                      "keep the parameter in float32 (autocast still runs the math in reduced precision) or use "
+                      "torch::optim::SGD");
+          if (!detail::laid_out_like(p.grad(), p)) p.mutable_grad() = detail::lay_out_like(p.grad(), p, i, who);
           detail::Bucket* b = nullptr;
           if (momentum) {
             auto& slot = state()[p.unsafeGetTensorImpl()];
@@ -412,45 +465,45 @@ class FusedSGD final : public torch::optim::SGD, public FusedStep {
               s->momentum_buffer(at::empty_like(p, c10::MemoryFormat::Preserve));
               slot = std::move(s);
               created_.push_back(p.unsafeGetTensorImpl());
-              b = &fresh_.find(p.device(), p.scalar_type());
+              b = &fresh_[g].find(p.device(), p.scalar_type());
             } else {
-              b = &buckets_.find(p.device(), p.scalar_type());
+              auto& st = static_cast<torch::optim::SGDParamState&>(*slot);
+              if (!detail::laid_out_like(st.momentum_buffer(), p))
+                st.momentum_buffer(detail::lay_out_like(st.momentum_buffer(), p, i, who));
+              b = &stepped_[g].find(p.device(), p.scalar_type());
             }
             b->first.push_back(static_cast<torch::optim::SGDParamState&>(*slot).momentum_buffer());
           } else {
-            b = &buckets_.find(p.device(), p.scalar_type());
+            b = &stepped_[g].find(p.device(), p.scalar_type());
           }
           b->params.push_back(p);
-          b->grads.push_back(grad);
+          b->grads.push_back(p.grad());
         }
-        const auto call = [&](detail::Bucket& b, bool first_step) {
-          const auto gs = scale.on(b.device);
-          if (b.device.is_cpu()) {
-            at::_fused_sgd_(b.params, b.grads, b.first, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
-                            o.nesterov(), /*maximize=*/false, first_step, gs, std::nullopt);
-          } else {
-            at::_fused_sgd_(b.params, b.grads, b.first, o.weight_decay(), o.momentum(), lrs_.get(g, b.device, o.lr()),
-                            o.dampening(), o.nesterov(), /*maximize=*/false, first_step, gs, std::nullopt);
-          }
-        };
-        buckets_.for_each([&](detail::Bucket& b) { call(b, false); });
-        fresh_.for_each([&](detail::Bucket& b) { call(b, true); });
-        created_.clear();  // this group's first steps ran
       }
     } catch (...) {
       // A buffer made for a first step that did not run holds no gradient yet: no state is kept.
       for (void* key : created_) state().erase(key);
-      created_.clear();
-      buckets_.clear();
-      fresh_.clear();
       throw;
     }
-    created_.clear();
-    buckets_.clear();
-    fresh_.clear();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const auto& o = detail::options_of<torch::optim::SGDOptions>(groups[g]);
+      const auto call = [&](detail::Bucket& b, bool first_step) {
+        const auto gs = scale.on(b.device);
+        if (b.device.is_cpu() || b.dtype == at::kDouble) {
+          at::_fused_sgd_(b.params, b.grads, b.first, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
+                          o.nesterov(), /*maximize=*/false, first_step, gs, std::nullopt);
+        } else {
+          at::_fused_sgd_(b.params, b.grads, b.first, o.weight_decay(), o.momentum(), lrs_.get(g, b.device, o.lr()),
+                          o.dampening(), o.nesterov(), /*maximize=*/false, first_step, gs, std::nullopt);
+        }
+      };
+      // First steps first: a parameter listed twice has its buffer made before its second update reads it.
+      fresh_[g].for_each([&](detail::Bucket& b) { call(b, true); });
+      stepped_[g].for_each([&](detail::Bucket& b) { call(b, false); });
+    }
   }
 
-  detail::Buckets buckets_, fresh_;
+  std::vector<detail::Buckets> stepped_, fresh_;
   detail::LrTensors lrs_;
   std::vector<void*> created_;
 };

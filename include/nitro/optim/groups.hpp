@@ -24,10 +24,12 @@
 //           one without '*' or '?' matches that name and every name under it ("head" matches
 //           "head.0.weight" but not "header.weight"; "head." is a plain prefix); with them, a glob over
 //           the whole name in which '*' also crosses dots ("*.bias", "blocks.*.attn.*").
+//           A parameter shared by two modules matches by any of its names.
 //   kinds   Kind::bias (a parameter named "bias"), Kind::norm (the weight of a normalisation module:
-//           one whose class name contains "Norm": BatchNorm*, LayerNorm, GroupNorm, InstanceNorm*,
-//           RMSNorm, or a user's own *Norm*), Kind::embedding (the weight of an Embedding or
-//           EmbeddingBag, or a user's own *Embedding*); combine with |.
+//           one whose class name, without namespace and "Impl", ends with Norm, Norm1d, Norm2d or
+//           Norm3d: BatchNorm2d, LayerNorm, GroupNorm, InstanceNorm1d, RMSNorm, a user's LayerNorm),
+//           Kind::embedding (the weight of an Embedding or EmbeddingBag, or a user's own *Embedding);
+//           combine with |.
 #include <nitro/core/error.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -93,28 +95,41 @@ inline bool name_matches(std::string_view pattern, std::string_view name) {
   return name == pattern || (name.starts_with(pattern) && name.size() > pattern.size() && name[pattern.size()] == '.');
 }
 
+// The class name without namespaces and LibTorch's "Impl": torch::nn::BatchNorm2dImpl -> BatchNorm2d.
+inline std::string_view short_type(const std::string& type) {
+  std::string_view t = type;
+  if (const auto colon = t.rfind("::"); colon != std::string_view::npos) t.remove_prefix(colon + 2);
+  if (t.ends_with("Impl")) t.remove_suffix(4);
+  return t;
+}
+
 inline Kind kind_of(const std::string& leaf, const torch::nn::Module& owner) {
   Kind k = Kind::none;
   if (leaf == "bias") k = k | Kind::bias;
-  const std::string& type = owner.name();
-  if (leaf == "weight" && type.find("Norm") != std::string::npos) k = k | Kind::norm;
-  if (leaf == "weight" && type.find("Embedding") != std::string::npos) k = k | Kind::embedding;
+  if (leaf != "weight") return k;
+  const std::string_view type = short_type(owner.name());
+  if (type.ends_with("Norm") || type.ends_with("Norm1d") || type.ends_with("Norm2d") || type.ends_with("Norm3d"))
+    k = k | Kind::norm;
+  if (type.ends_with("Embedding") || type.ends_with("EmbeddingBag")) k = k | Kind::embedding;
   return k;
 }
 
 struct Found {
-  std::string name;
+  std::vector<std::string> names;  // the first, then any other name the model gives it (a shared module)
   at::Tensor param;
   Kind kind;
 };
 
-// Every trainable parameter once, in the model's order, with its kind (the module owning it).
+// Every trainable parameter once, in the model's order, with its kind (the module owning it) and
+// every name it has.
 inline void collect(const torch::nn::Module& module, const std::string& prefix, std::vector<Found>& out,
-                    std::unordered_map<const void*, bool>& seen) {
+                    std::unordered_map<const void*, std::size_t>& seen) {
   for (const auto& p : module.named_parameters(/*recurse=*/false)) {
     const at::Tensor& t = p.value();
-    if (!t.requires_grad() || !seen.emplace(t.unsafeGetTensorImpl(), true).second) continue;
-    out.push_back({prefix + p.key(), t, kind_of(p.key(), module)});
+    if (!t.requires_grad()) continue;
+    const auto [it, fresh] = seen.emplace(t.unsafeGetTensorImpl(), out.size());
+    if (fresh) out.push_back({{prefix + p.key()}, t, kind_of(p.key(), module)});
+    else out[it->second].names.push_back(prefix + p.key());
   }
   for (const auto& child : module.named_children()) collect(*child.value(), prefix + child.key() + ".", out, seen);
 }
@@ -142,7 +157,7 @@ std::vector<torch::optim::OptimizerParamGroup> groups(const torch::nn::Module& m
       NITRO_CHECK(rules[q].name != rule.name, "nitro::optim::groups: two rules are named \"", rule.name, "\"");
   }
   std::vector<detail::Found> params;
-  std::unordered_map<const void*, bool> seen;
+  std::unordered_map<const void*, std::size_t> seen;
   detail::collect(model, "", params, seen);
   NITRO_CHECK(!params.empty(), "nitro::optim::groups: the model has no parameter that requires a gradient");
 
@@ -154,7 +169,8 @@ std::vector<torch::optim::OptimizerParamGroup> groups(const torch::nn::Module& m
     for (std::size_t r = 0; r < rules.size(); ++r) {
       const auto& m = rules[r].match;
       bool by_name = m.names.empty();
-      for (const auto& pattern : m.names) by_name = by_name || detail::name_matches(pattern, p.name);
+      for (const auto& pattern : m.names)
+        for (const auto& name : p.names) by_name = by_name || detail::name_matches(pattern, name);
       const bool by_kind = m.kinds == Kind::none || any(m.kinds, p.kind);
       if (by_name && by_kind) key |= std::uint64_t{1} << r, used[r] = true;
     }
@@ -165,7 +181,7 @@ std::vector<torch::optim::OptimizerParamGroup> groups(const torch::nn::Module& m
   }
   for (std::size_t r = 0; r < rules.size(); ++r)
     NITRO_CHECK(used[r], "nitro::optim::groups: rule \"", rules[r].name,
-                "\" matches no parameter of the model; check its names (full names such as \"", params.front().name,
+                "\" matches no parameter of the model; check its names (full names such as \"", params.front().names.front(),
                 "\") and kinds");
 
   std::vector<torch::optim::OptimizerParamGroup> out;

@@ -27,6 +27,7 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
@@ -156,8 +157,17 @@ inline at::Tensor unscale_by(const at::Tensor& scale, GradGroups& grads) {
 /// NaN propagates through them, and no sum can overflow), no write.
 inline at::Tensor nonfinite_flag(GradGroups& groups, c10::Device device) {
   at::Tensor any;
+  std::vector<at::Tensor> nonempty;  // the infinity norm refuses empty tensors; made only when one is there
   groups.for_each([&](GradGroups::Group& g) {
-    auto bad = at::isfinite(at::stack(at::_foreach_norm(g.grads, std::numeric_limits<double>::infinity())))
+    const bool has_empty = std::any_of(g.grads.begin(), g.grads.end(), [](const at::Tensor& t) { return t.numel() == 0; });
+    if (has_empty) {
+      nonempty.clear();
+      for (const auto& t : g.grads)
+        if (t.numel() > 0) nonempty.push_back(t);
+      if (nonempty.empty()) return;
+    }
+    auto bad = at::isfinite(at::stack(at::_foreach_norm(has_empty ? nonempty : g.grads,
+                                                        std::numeric_limits<double>::infinity())))
                    .logical_not()
                    .any()
                    .to(device, /*non_blocking=*/true);

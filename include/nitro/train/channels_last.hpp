@@ -10,7 +10,8 @@
 //
 // The tensors stay the same objects (their data is replaced, as Python's param.data = ...), so an
 // optimizer built before still holds them; but its state made before (Adam's moments) keeps the old
-// layout, which LibTorch's kernels then read through strides. Convert first, then build the optimizer.
+// layout: LibTorch's optimizers read it through strides, Nitro's fused ones (optim/fused.hpp) copy it
+// into the new layout at their next step. Convert first, then build the optimizer.
 // A gradient already there is converted too. Other tensors (1-d biases, 2-d linear weights) are left
 // as they are: channels-last has no meaning for them.
 #include <ATen/core/Tensor.h>
