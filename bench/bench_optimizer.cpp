@@ -6,10 +6,12 @@
 //
 //   RESULT fused_adamw_vs_libtorch_cpu=<the smaller speedup of (a) and (b)> goal>=2.0
 //   RESULT fused_adamw_vs_libtorch_gpu=<the same on the GPU>                goal>=5.0   (GPU only)
-// with a line per case; FusedSGD (momentum) and FusedAdam rows are printed for information.
+// with a line per case; FusedSGD (momentum) and FusedAdam rows are printed for information, and a
+// "fold" row: the amp::Fp16 step of FusedAdamW with a separate unscale pass against the folded one.
 //
 //   build-release/bench/bench_optimizer [--rounds 10] [--per-round 5]
 #include <nitro/optim/fused.hpp>
+#include <nitro/train/amp.hpp>
 
 #include <ATen/ops/randn.h>
 #include <torch/optim/adam.h>
@@ -89,6 +91,31 @@ Timing time_pair(const Case& c, c10::Device device, const Options& options, int 
   return {nitro::bench::median(ta) * 1e3, nitro::bench::median(tb) * 1e3};
 }
 
+// The loss scaler's part of an amp::Fp16 step with FusedAdamW, as TrainingLoop does it: (a) unscale
+// pass, then step(); (b) folded: the inf check, then step_scaled() (the kernel unscales). Scale 1, so
+// that repeating the step leaves the gradients as they are. Returns (a) and (b) medians in ms.
+Timing time_fold(const Case& c, c10::Device device, int rounds, int per_round) {
+  auto pa = make_params(c, device), pb = make_params(c, device);
+  nitro::optim::FusedAdamW a(pa, torch::optim::AdamWOptions(1e-3)), b(pb, torch::optim::AdamWOptions(1e-3));
+  const auto scale = at::ones({}, at::TensorOptions().dtype(at::kFloat).device(device));
+  nitro::detail::GradGroups ga, gb;
+  const auto unscaled = [&] {
+    ga.assign(pa);
+    (void)nitro::detail::unscale_by(scale, ga);
+    ga.release();
+    a.step();
+  };
+  const auto folded = [&] {
+    gb.assign(pb);
+    (void)nitro::detail::nonfinite_flag(gb, device);
+    gb.release();
+    b.step_scaled(scale);
+  };
+  for (int i = 0; i < 3; ++i) unscaled(), folded();
+  const auto [ta, tb] = nitro::bench::interleaved(unscaled, folded, rounds, per_round);
+  return {nitro::bench::median(ta) * 1e3, nitro::bench::median(tb) * 1e3};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -116,6 +143,10 @@ int main(int argc, char** argv) {
       for (const auto& [name, t] : {std::pair<const char*, Timing>{"AdamW", adamw}, {"Adam", adam}, {"SGD mom.", sgd}})
         std::printf("%-6s %-22s %-10s %12.3f %12.3f %8.2fx\n", dev.c_str(), (c.name + " " + std::to_string(elements(c) / 1000) + "k").c_str(), name,
                     t.libtorch_ms, t.fused_ms, t.speedup());
+      const auto fold = time_fold(c, device, rounds, per_round);
+      std::printf("%-6s %-22s %-10s %12.3f %12.3f %8.2fx   (amp::Fp16: unscale + step, folded check + step_scaled)\n",
+                  dev.c_str(), (c.name + " " + std::to_string(elements(c) / 1000) + "k").c_str(), "fold", fold.libtorch_ms,
+                  fold.fused_ms, fold.speedup());
       lines.emplace_back("fused_adamw_vs_libtorch_" + dev + "_" + c.name, adamw.speedup());
       worst = std::min(worst, adamw.speedup());
     }

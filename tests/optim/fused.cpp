@@ -38,6 +38,12 @@ std::vector<std::vector<at::Tensor>> clone_params(const std::vector<std::vector<
   return out;
 }
 
+// The values of `src` copied into `dst` (the same tensors stay in their optimizers).
+void copy_values(std::vector<std::vector<at::Tensor>>& dst, const std::vector<std::vector<at::Tensor>>& src) {
+  for (std::size_t g = 0; g < src.size(); ++g)
+    for (std::size_t i = 0; i < src[g].size(); ++i) dst[g][i].detach().copy_(src[g][i].detach());
+}
+
 // Step k's gradient of parameter i: a fixed function of (k, i); parameter 1 of group 0 has none at
 // steps 3 and 4 (an optimizer skips it), and every gradient grows and shrinks over the steps.
 void set_grads(std::vector<std::vector<at::Tensor>>& params, int k) {
@@ -55,6 +61,15 @@ void set_grads(std::vector<std::vector<at::Tensor>>& params, int k) {
            (1.0 + 0.5 * std::sin(k * 0.7)))
               .reshape(p.sizes());
     }
+}
+
+// Step k of two optimizers over their own parameters, with the same gradients.
+void step_both(torch::optim::Optimizer& a, std::vector<std::vector<at::Tensor>>& pa, torch::optim::Optimizer& b,
+               std::vector<std::vector<at::Tensor>>& pb, int k) {
+  set_grads(pa, k);
+  set_grads(pb, k);
+  a.step();
+  b.step();
 }
 
 // The largest difference relative to the tensor's own scale (its largest magnitude).
@@ -100,10 +115,7 @@ void compare(const Options& o0, const Options& o1, int steps = 50) {
   Ref ref({OptimizerParamGroup(pr[0], std::make_unique<Options>(o0)), OptimizerParamGroup(pr[1], std::make_unique<Options>(o1))}, o0);
   double worst = 0;
   for (int k = 0; k < steps; ++k) {
-    set_grads(pf, k);
-    set_grads(pr, k);
-    fused.step();
-    ref.step();
+    step_both(fused, pf, ref, pr, k);
     for (std::size_t g = 0; g < pf.size(); ++g)
       for (std::size_t i = 0; i < pf[g].size(); ++i) worst = std::max(worst, max_rel_diff(pf[g][i], pr[g][i]));
   }
@@ -156,10 +168,7 @@ TEST_CASE("a changed learning rate takes effect at the next step") {
     const double lr = 1e-2 * (1.0 - k / 20.0);
     for (auto* o : std::vector<torch::optim::Optimizer*>{&fused, &ref})
       for (auto& g : o->param_groups()) g.options().set_lr(lr);
-    set_grads(pf, k);
-    set_grads(pr, k);
-    fused.step();
-    ref.step();
+    step_both(fused, pf, ref, pr, k);
   }
   check_same<torch::optim::AdamWParamState>(fused, ref, pf, pr, 1e-6);
 }
@@ -181,16 +190,14 @@ TEST_CASE("torch::save'd state loads across: FusedAdamW into AdamW and AdamW int
       first.step();
     } else if (k < 20) {
       if (k == 10) {
-        for (std::size_t g = 0; g < p_a.size(); ++g)
-          for (std::size_t i = 0; i < p_a[g].size(); ++i) p_b[g][i].detach().copy_(p_a[g][i].detach());
+        copy_values(p_b, p_a);
         load(second, save(first));  // fused -> LibTorch
       }
       set_grads(p_b, k);
       second.step();
     } else {
       if (k == 20) {
-        for (std::size_t g = 0; g < p_a.size(); ++g)
-          for (std::size_t i = 0; i < p_a[g].size(); ++i) p_a[g][i].detach().copy_(p_b[g][i].detach());
+        copy_values(p_a, p_b);
         load(first, save(second));  // LibTorch -> fused, into the fused optimizer whose device counters say 10
       }
       set_grads(p_a, k);
@@ -207,15 +214,11 @@ TEST_CASE("torch::save'd state loads across: FusedAdamW into AdamW and AdamW int
     set_grads(r, k);
     sgd.step();
   }
-  for (std::size_t g = 0; g < q.size(); ++g)
-    for (std::size_t i = 0; i < q[g].size(); ++i) q[g][i].detach().copy_(r[g][i].detach());
+  copy_values(q, r);
   nitro::optim::FusedSGD fsgd({OptimizerParamGroup(q[0]), OptimizerParamGroup(q[1])}, S(0.05).momentum(0.9));
   load(fsgd, save(sgd));
   for (int k = 5; k < 10; ++k) {
-    set_grads(r, k);
-    set_grads(q, k);
-    sgd.step();
-    fsgd.step();
+    step_both(sgd, r, fsgd, q, k);
   }
   check_same<torch::optim::SGDParamState>(fsgd, sgd, q, r, 1e-6);
 }
@@ -247,8 +250,7 @@ TEST_CASE("a step counter put back by StateBackup reaches the kernels: the resto
       set_grads(again, k);
       fresh.step();
     }
-    for (std::size_t g = 0; g < p.size(); ++g)
-      for (std::size_t i = 0; i < p[g].size(); ++i) p[g][i].detach().copy_(again[g][i].detach());
+    copy_values(p, again);
   }
   for (int k = 5; k < 15; ++k) {
     set_grads(p, k);
@@ -582,10 +584,7 @@ TEST_CASE("gpu: the fused optimizers on CUDA follow LibTorch's there and the CPU
   nitro::optim::FusedSGD fsgd({OptimizerParamGroup(s1[0]), OptimizerParamGroup(s1[1])}, S(0.05).momentum(0.9).nesterov(true));
   torch::optim::SGD sgd({OptimizerParamGroup(s2[0]), OptimizerParamGroup(s2[1])}, S(0.05).momentum(0.9).nesterov(true));
   for (int k = 0; k < 20; ++k) {
-    set_grads(s1, k);
-    set_grads(s2, k);
-    fsgd.step();
-    sgd.step();
+    step_both(fsgd, s1, sgd, s2, k);
   }
   check_same<torch::optim::SGDParamState>(fsgd, sgd, s1, s2, 1e-6);
 }

@@ -19,19 +19,15 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_amp_update_scale.h>
-#include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/full.h>
-#include <ATen/ops/isfinite.h>
-#include <ATen/ops/stack.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
-#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
-#include <limits>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -120,8 +116,6 @@ class GradGroups {
   std::vector<Group> groups_;
 };
 
-/// Multiplies every gradient by inv_scale and sets found_inf (a float32 scalar on the scale's
-/// device) to 1 if any is inf or NaN, with LibTorch's fused kernel per device and dtype.
 /// Refuses float16 gradients, as torch.amp.GradScaler does.
 inline void check_unscalable(const GradGroups::Group& g) {
   NITRO_CHECK(g.dtype != at::kHalf,
@@ -129,9 +123,11 @@ inline void check_unscalable(const GradGroups::Group& g) {
               "too); keep the parameters in float32 and let autocast run the float16 math");
 }
 
-inline void unscale_grads(GradGroups& groups, const at::Tensor& inv_scale, at::Tensor& found_inf) {
+/// Multiplies every gradient by inv_scale and sets found_inf (a float32 scalar on its own device) to 1
+/// if any is inf or NaN, with LibTorch's fused kernel per device and dtype (empty tensors and every
+/// floating dtype welcome).
+inline void check_and_unscale(GradGroups& groups, const at::Tensor& inv_scale, at::Tensor& found_inf) {
   groups.for_each([&](GradGroups::Group& g) {
-    check_unscalable(g);
     if (g.device == found_inf.device()) {
       at::_amp_foreach_non_finite_check_and_unscale_(g.grads, found_inf, inv_scale);
     } else {
@@ -144,6 +140,12 @@ inline void unscale_grads(GradGroups& groups, const at::Tensor& inv_scale, at::T
   });
 }
 
+/// check_and_unscale for a loss scaler: float16 gradients refused first.
+inline void unscale_grads(GradGroups& groups, const at::Tensor& inv_scale, at::Tensor& found_inf) {
+  groups.for_each(check_unscalable);
+  check_and_unscale(groups, inv_scale, found_inf);
+}
+
 /// Divides the gradients by `scale` (inverse computed in double, as GradScaler does); returns found_inf.
 inline at::Tensor unscale_by(const at::Tensor& scale, GradGroups& grads) {
   const auto inv_scale = scale.to(at::kDouble).reciprocal().to(at::kFloat);
@@ -152,29 +154,16 @@ inline at::Tensor unscale_by(const at::Tensor& scale, GradGroups& grads) {
   return found_inf;
 }
 
-/// found_inf without touching the gradients: a float32 scalar on `device`, 1 when a gradient holds
-/// inf or NaN. One read pass (fused infinity norms, in the gradients' own dtype, per device and dtype:
-/// NaN propagates through them, and no sum can overflow), no write.
+/// found_inf without changing the gradients: a float32 scalar on `device`, 1 when a gradient holds
+/// inf or NaN. The same fused kernel with a scale of exactly 1 (as torch.amp.GradScaler checks the
+/// gradients of a fused optimizer): every value times 1 is itself; one pass per device and dtype and
+/// no tensor per gradient. (Fused infinity norms, read-only, made a tensor per gradient and took 4 to
+/// 5 times as long on the CPU: 11.8 ms against 2.5 ms for 100 gradients of 256x256.)
 inline at::Tensor nonfinite_flag(GradGroups& groups, c10::Device device) {
-  at::Tensor any;
-  std::vector<at::Tensor> nonempty;  // the infinity norm refuses empty tensors; made only when one is there
-  groups.for_each([&](GradGroups::Group& g) {
-    const bool has_empty = std::any_of(g.grads.begin(), g.grads.end(), [](const at::Tensor& t) { return t.numel() == 0; });
-    if (has_empty) {
-      nonempty.clear();
-      for (const auto& t : g.grads)
-        if (t.numel() > 0) nonempty.push_back(t);
-      if (nonempty.empty()) return;
-    }
-    auto bad = at::isfinite(at::stack(at::_foreach_norm(has_empty ? nonempty : g.grads,
-                                                        std::numeric_limits<double>::infinity())))
-                   .logical_not()
-                   .any()
-                   .to(device, /*non_blocking=*/true);
-    any = any.defined() ? any.logical_or(bad) : bad;
-  });
-  if (!any.defined()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device));
-  return any.to(at::kFloat);
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
+  auto found_inf = at::zeros({}, options);
+  check_and_unscale(groups, at::ones({}, options), found_inf);
+  return found_inf;
 }
 
 }  // namespace detail

@@ -216,7 +216,7 @@ class TrainingLoop {
     /// The hook policies' options, in the order of the loop's type: `.hooks = {MyHook::Options{...}}`.
     typename Slots::options hooks{};
     /// Skip an optimizer step whose gradients hold inf or NaN (fp32 and bf16; amp::Fp16 always
-    /// does). A read-only check; costs one host-device synchronisation per optimizer step.
+    /// does). The gradients stay as they are; costs one host-device synchronisation per optimizer step.
     bool skip_nonfinite = false;
   };
 
