@@ -57,6 +57,19 @@ TEST_CASE("clip::Norm reports the norm and clips to max_norm, and clip::Value cl
   CHECK(torch::allclose(w2 - m2->weight.detach(), torch::full({1, 3}, 0.5)));
 }
 
+TEST_CASE("clip::Norm by the largest magnitude (norm_type inf) takes a model with an empty parameter") {
+  torch::nn::Linear model(4, 2);
+  auto empty = torch::zeros({0}).requires_grad_(true);
+  auto params = model->parameters();
+  params.push_back(empty);
+  torch::optim::SGD optimizer(params, 0.1);
+  nitro::TrainingLoop<nitro::clip::Norm> loop{
+      model, optimizer, {.clip = {.max_norm = 1.0, .norm_type = std::numeric_limits<double>::infinity()}}};
+  // d/dW and d/db of the sum over 2 rows of ones: 2 everywhere, so the largest magnitude is 2.
+  const auto r = loop.step(torch::ones({2, 4}), [&](const at::Tensor& in) { return model->forward(in).sum() + empty.sum(); });
+  CHECK(r.grad_norm.item<double>() == doctest::Approx(2.0));
+}
+
 TEST_CASE("skip_nonfinite guards fp32 steps and counts them") {
   torch::nn::Linear model(3, 1);
   torch::optim::SGD optimizer(model->parameters(), 0.1);

@@ -19,7 +19,9 @@
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/stack.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <string_view>
 #include <vector>
 
@@ -48,13 +50,24 @@ struct Norm {
   /// Clips in place; returns the total norm before clipping (a device scalar), like
   /// torch.nn.utils.clip_grad_norm_ (coefficient max_norm / (norm + 1e-6), capped at 1).
   static at::Tensor apply(detail::GradGroups& grads, const Options& o) {
-    std::vector<at::Tensor> norms;
+    std::vector<at::Tensor> norms, nonempty;
     c10::Device device = c10::kCPU;
     bool first = true;
     grads.for_each([&](detail::GradGroups::Group& g) {
       if (first) device = g.device;
       first = false;
-      for (auto& n : at::_foreach_norm(g.grads, o.norm_type)) norms.push_back(n.to(n.options().device(device), true));
+      // An empty gradient adds nothing to any norm, and the infinity norm refuses it: left out (the
+      // list is copied only when one is there).
+      const bool has_empty =
+          std::any_of(g.grads.begin(), g.grads.end(), [](const at::Tensor& t) { return t.numel() == 0; });
+      if (has_empty) {
+        nonempty.clear();
+        std::copy_if(g.grads.begin(), g.grads.end(), std::back_inserter(nonempty),
+                     [](const at::Tensor& t) { return t.numel() > 0; });
+        if (nonempty.empty()) return;
+      }
+      for (auto& n : at::_foreach_norm(has_empty ? nonempty : g.grads, o.norm_type))
+        norms.push_back(n.to(n.options().device(device), true));
     });
     if (norms.empty()) return {};
     const auto total = at::linalg_vector_norm(at::stack(norms), o.norm_type);
