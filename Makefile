@@ -52,7 +52,7 @@ bench:
 	cmake --build --preset release -j $(JOBS) --target nitro_benchmarks
 	@for b in build-release/bench/bench_*; do [ -x "$$b" ] && "$$b"; done; true
 
-ASAN_AREAS := core hw data train memory monitor io optim cache
+ASAN_AREAS := core hw data train memory monitor io optim graph cache
 TSAN_AREAS := data cache io
 space := $(empty) $(empty)
 sanitize:

@@ -69,13 +69,13 @@ cat "$out/machine-$part.txt"
 step configure cmake --preset gpu -DNITRO_PYTHON="$python" || finish
 if [ "$part" = tests ]; then
   step build cmake --build --preset gpu -j "$(nproc)" --target test_core test_hw test_data test_train test_memory \
-    test_monitor test_io test_optim test_cache || finish
+    test_monitor test_io test_optim test_graph test_cache || finish
   # One at a time: they share the one GPU, and several time what the device does. Bounded by what is
   # left of the call's budget, so the summary always prints.
   step tests timeout $(( ${budget:-560} - (SECONDS - start) )) ctest --preset gpu -L gpu --timeout 300
 else
   benches=("$@")
-  [ ${#benches[@]} -gt 0 ] || benches=(bench_loop_overhead bench_checkpoint bench_monitor bench_batch_finder bench_prefetch bench_optimizer)
+  [ ${#benches[@]} -gt 0 ] || benches=(bench_loop_overhead bench_checkpoint bench_monitor bench_batch_finder bench_prefetch bench_optimizer bench_graphs)
   step build cmake --build --preset gpu -j "$(nproc)" --target "${benches[@]}" levels || finish
   # Each program gets at most what is left of the call's budget (`budget` s, default 560, under the
   # device's 600), so the call always ends with its summary rather than being cut off.

@@ -198,6 +198,10 @@ int main(int argc, char** argv) try {
   rows.push_back(train_level<nitro::level::Ultra>(
       "level::Ultra (bf16, 2x" + std::to_string(args.batch / 2) + " accum, sqrt ckpt, clip)", "ultra", args, args.batch / 2,
       {.accumulate = nitro::accumulate::Dynamic::for_batch(args.batch, args.batch / 2), .clip = {.max_norm = 5.0}}));
+  // level::Max replays each step from a CUDA graph: on a GPU only (graph/capture.hpp).
+  if (gpu)
+    rows.push_back(train_level<nitro::level::Max, nitro::optim::FusedSGD>("level::Max (bf16, CUDA graph) + FusedSGD",
+                                                                        "max", args, args.batch, {}));
 
   std::printf("%-52s %10s %9s %11s %14s\n", "configuration", "samples/s", "peak MB", "final loss", "test accuracy");
   for (const auto& r : rows)
@@ -209,9 +213,9 @@ int main(int argc, char** argv) try {
     if (r.report.empty()) continue;
     std::printf("\n%s, monitor::Phases (per micro-batch step):\n%s", r.name.c_str(), r.report.c_str());
   }
-  std::printf("\nmetrics (a row every 10 optimizer steps): %s/{basic,basic_fused,advanced,ultra}.{jsonl,csv}; plot them with\n"
+  std::printf("\nmetrics (a row every 10 optimizer steps): %s/{basic,basic_fused,advanced,ultra%s}.{jsonl,csv}; plot them with\n"
               "  python3 bench/plot_metrics.py %s/*.jsonl -o metrics.png\n",
-              args.metrics.c_str(), args.metrics.c_str());
+              args.metrics.c_str(), gpu ? ",max" : "", args.metrics.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "levels: %s\n", e.what());

@@ -12,6 +12,7 @@
 
 #include <nitro/hw/settings.hpp>
 
+#include <nitro/graph/capture.hpp>
 #include <nitro/io/file.hpp>
 #include <nitro/io/snapshot.hpp>
 

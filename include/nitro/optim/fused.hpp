@@ -46,7 +46,15 @@
 // Measured on the CPU (bench_optimizer's "fold" row, 2 cores): the folded step is not faster, 0.93 to
 // 0.98 of the unfolded one's speed (the check is a pass over the gradients too, and the kernel writes
 // the unscaled gradients back). What folding is for is a step whose skip needs no host decision, as
-// CUDA-graph capture will; on a GPU it is not yet measured.
+// CUDA-graph capture does; on a GPU it is not yet measured.
+//
+// For graph::Capture (graph/capture.hpp), FusedStep::step_on_device runs the step as device work
+// only: the kernels take found_inf and change nothing when it is 1 (the step counters advanced on the
+// device are put back with _foreach_sub_, as Python's fused path does), no host counter moves until
+// advance_host, no state is made (a parameter without state is an error: run eager steps first), and
+// the tensors used are remembered; prepare_device_step, before a capture and each replay, refreshes
+// the device learning rates and step counters from the host and says whether the remembered tensors
+// and the baked-in options (all but lr) are still the optimizer's.
 #include <nitro/core/error.hpp>
 #include <nitro/optim/fused_step.hpp>
 
@@ -89,8 +97,13 @@ class StepTensors {
     at::Tensor tensor;
     std::int64_t value = 0;
   };
-  Slot& get(const at::Tensor& param, std::int64_t host_step) {
+  /// The slot of `param`, its tensor holding `host_step`. With `may_fill` false (a step being
+  /// captured, where a fill would be replayed), a slot that is not up to date is an error.
+  Slot& get(const at::Tensor& param, std::int64_t host_step, bool may_fill = true) {
     Slot& s = slots_[param.unsafeGetTensorImpl()];
+    if (!may_fill && !(s.tensor.defined() && s.tensor.device() == param.device() && s.value == host_step))
+      throw DeviceStepNotReady("nitro::optim: a step counter is not on the device yet; call prepare_device_step() "
+                               "before capturing");
     if (!s.tensor.defined() || s.tensor.device() != param.device()) {
       s.tensor = at::full({}, static_cast<double>(host_step), at::TensorOptions().dtype(at::kFloat).device(param.device()));
       s.value = host_step;
@@ -151,12 +164,20 @@ class Buckets {
 /// refreshed when the group's rate changed.
 class LrTensors {
  public:
-  const at::Tensor& get(std::size_t group, c10::Device device, double lr) {
+  /// With `may_fill` false (a step being captured), a rate that is not up to date is an error.
+  const at::Tensor& get(std::size_t group, c10::Device device, double lr, bool may_fill = true) {
     for (auto& e : entries_)
       if (e.group == group && e.device == device) {
-        if (e.value != lr) e.tensor.fill_(lr), e.value = lr;
+        if (e.value != lr) {
+          if (!may_fill)
+            throw DeviceStepNotReady("nitro::optim: a learning rate is not on the device yet; call "
+                                     "prepare_device_step() before capturing");
+          e.tensor.fill_(lr), e.value = lr;
+        }
         return e.tensor;
       }
+    if (!may_fill)
+      throw DeviceStepNotReady("nitro::optim: a learning rate tensor was never made; run an eager step before capturing");
     entries_.push_back({group, device, lr, at::full({}, lr, at::TensorOptions().dtype(at::kFloat).device(device))});
     return entries_.back().tensor;
   }
@@ -170,6 +191,41 @@ class LrTensors {
   };
   std::vector<Entry> entries_;
 };
+
+/// What the last step_on_device used (a captured step reads these tensors at every replay), held so
+/// that none is freed while a graph may still read it, and so that prepare_device_step can tell
+/// whether the optimizer still holds them.
+template <class Options>
+struct DeviceRecord {
+  struct Entry {
+    at::Tensor param;
+    const void* data = nullptr;                   // where the parameter's elements were
+    torch::optim::OptimizerParamState* state = nullptr;
+    at::Tensor first, second, third, step;        // state tensors (those the optimizer has)
+    StepTensors::Slot* counter = nullptr;         // Adam: the device step's slot
+  };
+  bool valid = false;
+  std::size_t param_count = 0;                     // parameters of all groups at the time
+  std::vector<Options> options;                    // each group's options as baked in
+  std::vector<std::pair<std::size_t, c10::Device>> lrs;  // (group, device) whose rate tensor is read
+  std::vector<std::pair<std::size_t, double>> baked_lrs;  // (group, rate) passed as a number (double parameters)
+  std::vector<Entry> entries;
+  void clear() {
+    valid = false, param_count = 0;
+    options.clear(), lrs.clear(), baked_lrs.clear(), entries.clear();
+  }
+};
+
+/// The options a captured step baked in are all but the learning rate (read from a tensor).
+inline bool same_but_lr(const torch::optim::SGDOptions& a, const torch::optim::SGDOptions& b) {
+  return a.momentum() == b.momentum() && a.dampening() == b.dampening() && a.weight_decay() == b.weight_decay() &&
+         a.nesterov() == b.nesterov();
+}
+template <class Options>  // AdamOptions, AdamWOptions
+bool same_but_lr(const Options& a, const Options& b) {
+  return a.betas() == b.betas() && a.eps() == b.eps() && a.weight_decay() == b.weight_decay() &&
+         a.amsgrad() == b.amsgrad();
+}
 
 /// The grad_scale of a step on each device it is needed (one copy per device, no synchronisation).
 class PerDevice {
@@ -288,6 +344,41 @@ class Fused : public Base, public FusedStep {
     check_scale(grad_scale, Self::who);
     static_cast<Self&>(*this).run(&grad_scale);
   }
+  void step_on_device(const at::Tensor* grad_scale, const at::Tensor& found_inf) override {
+    if (grad_scale != nullptr) check_scale(*grad_scale, Self::who);
+    NITRO_CHECK(!found_inf.defined() || (found_inf.numel() == 1 && found_inf.scalar_type() == at::kFloat), Self::who,
+                "::step_on_device: found_inf must be a float32 scalar tensor (or undefined: never skip)");
+    static_cast<Self&>(*this).run(grad_scale, &found_inf);
+  }
+  bool prepare_device_step() override {
+    auto& self = static_cast<Self&>(*this);
+    const auto& groups = this->param_groups();
+    auto& record = self.record_;
+    bool intact = record.valid && groups.size() == record.options.size();
+    std::size_t count = 0;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      count += groups[g].params().size();
+      if (intact) intact = same_but_lr(options_of<Options>(groups[g]), record.options[g]);
+    }
+    intact = intact && count == record.param_count;
+    for (const auto& [g, device] : record.lrs)
+      if (g < groups.size()) self.lrs_.get(g, device, options_of<Options>(groups[g]).lr());
+    for (const auto& [g, lr] : record.baked_lrs)  // a rate the kernels took as a number is in the graph
+      intact = intact && g < groups.size() && options_of<Options>(groups[g]).lr() == lr;
+    self.refresh_counters();
+    for (const auto& e : record.entries) {
+      if (!intact) break;
+      intact = e.param.data_ptr() == e.data;
+      if (intact && e.state != nullptr) {  // (SGD without momentum keeps none)
+        const auto it = this->state().find(e.param.unsafeGetTensorImpl());
+        intact = it != this->state().end() && it->second.get() == e.state && self.same_state(*e.state, e);
+      }
+    }
+    return intact;
+  }
+  void advance_host(bool stepped) override {
+    if (stepped) static_cast<Self&>(*this).advance(static_cast<Self&>(*this).record_);
+  }
 
  protected:
   void check_groups() const {
@@ -317,9 +408,12 @@ class FusedAdamBase : public Fused<Self, Base, Options> {
 
  private:
   // Two phases: every group is checked and its lists made, then the kernels run; a mistake found in
-  // any group leaves every parameter and counter as it was.
-  void run(const at::Tensor* grad_scale) {
+  // any group leaves every parameter and counter as it was. With found_inf (step_on_device): the skip
+  // is the kernels' (on the device), no state is made, no host counter moves, and what was used is
+  // recorded for prepare_device_step.
+  void run(const at::Tensor* grad_scale, const at::Tensor* found_inf = nullptr) {
     at::NoGradGuard no_grad;
+    const bool on_device = found_inf != nullptr;
     PerDevice scale(grad_scale);
     auto& groups = this->param_groups();
     if (per_group_.size() < groups.size()) per_group_.resize(groups.size());
@@ -330,15 +424,24 @@ class FusedAdamBase : public Fused<Self, Base, Options> {
       }
     } clear{per_group_};
     this->check_groups();
+    DeviceRecord<Options> record;
     std::size_t index = 0;
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const auto& o = options_of<Options>(groups[g]);
+      if (on_device) record.options.push_back(o), record.param_count += groups[g].params().size();
       for (const auto& p : groups[g].params()) {
         const std::size_t i = index++;
         if (!p.grad().defined()) continue;
         check_param(p, p.grad(), i, who);
         if (!laid_out_like(p.grad(), p)) p.mutable_grad() = lay_out_like(p.grad(), p, i, who);
         auto& slot = this->state()[p.unsafeGetTensorImpl()];
+        const bool makes_state = slot == nullptr || (o.amsgrad() && !static_cast<State&>(*slot).max_exp_avg_sq().defined());
+        if (on_device && makes_state) {
+          if (slot == nullptr) this->state().erase(p.unsafeGetTensorImpl());
+          throw DeviceStepNotReady(nitro::detail::concat(
+              who, ": parameter ", i, " has no optimizer state yet; a step captured for the device cannot make it (it "
+              "would be made again at every replay): run an eager step first (graph::Capture does)"));
+        }
         if (slot == nullptr) {
           auto s = std::make_unique<State>();
           s->step(0);
@@ -350,11 +453,16 @@ class FusedAdamBase : public Fused<Self, Base, Options> {
         auto& state = static_cast<State&>(*slot);
         if (o.amsgrad() && !state.max_exp_avg_sq().defined())  // amsgrad turned on after some steps
           state.max_exp_avg_sq(at::zeros_like(p, c10::MemoryFormat::Preserve));
+        const bool relaid = !laid_out_like(state.exp_avg(), p) || !laid_out_like(state.exp_avg_sq(), p) ||
+                            (o.amsgrad() && !laid_out_like(state.max_exp_avg_sq(), p));
+        if (on_device && relaid)
+          throw DeviceStepNotReady(nitro::detail::concat(who, ": the state of parameter ", i, " is laid out unlike the "
+                                                         "parameter; a captured step cannot replace it: run an eager step first"));
         if (!laid_out_like(state.exp_avg(), p)) state.exp_avg(lay_out_like(state.exp_avg(), p, i, who));
         if (!laid_out_like(state.exp_avg_sq(), p)) state.exp_avg_sq(lay_out_like(state.exp_avg_sq(), p, i, who));
         if (o.amsgrad() && !laid_out_like(state.max_exp_avg_sq(), p))
           state.max_exp_avg_sq(lay_out_like(state.max_exp_avg_sq(), p, i, who));
-        auto& counter = steps_.get(p, state.step());
+        auto& counter = steps_.get(p, state.step(), /*may_fill=*/!on_device);
         auto& b = per_group_[g].find(p.device(), p.scalar_type());
         b.params.push_back(p);
         b.grads.push_back(p.grad());
@@ -364,6 +472,10 @@ class FusedAdamBase : public Fused<Self, Base, Options> {
         b.steps.push_back(counter.tensor);
         b.states.push_back(&state);
         b.counters.push_back(&counter);
+        if (on_device) {
+          record.entries.push_back({p, p.data_ptr(), &state, state.exp_avg(), state.exp_avg_sq(),
+                                    o.amsgrad() ? state.max_exp_avg_sq() : at::Tensor(), counter.tensor, &counter});
+        }
       }
     }
     for (std::size_t g = 0; g < groups.size(); ++g) {
@@ -371,35 +483,74 @@ class FusedAdamBase : public Fused<Self, Base, Options> {
       const auto [beta1, beta2] = o.betas();
       per_group_[g].for_each([&](Bucket<State>& b) {
         const auto gs = scale.on(b.device);
+        const auto fi = on_device && found_inf->defined() ? std::optional<at::Tensor>(*found_inf) : std::nullopt;
         const auto call = [&](const auto& lr) {
           if constexpr (Decoupled) {
             at::_fused_adamw_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2,
-                              o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, gs, std::nullopt);
+                              o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, gs, fi);
           } else {
             at::_fused_adam_(b.params, b.grads, b.first, b.second, b.third, b.steps, lr, beta1, beta2,
-                             o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, gs, std::nullopt);
+                             o.weight_decay(), o.eps(), o.amsgrad(), /*maximize=*/false, gs, fi);
           }
         };
         at::_foreach_add_(b.steps, 1);  // the kernels read the step of this update
         try {
           // The CPU takes the rate as a number; so do double parameters (a float32 rate would round it).
-          if (b.device.is_cpu() || b.dtype == at::kDouble) call(o.lr());
-          else call(lrs_.get(g, b.device, o.lr()));
+          if (b.device.is_cpu() || b.dtype == at::kDouble) {
+            if (on_device) record.baked_lrs.emplace_back(g, o.lr());
+            call(o.lr());
+          } else {
+            if (on_device) record.lrs.emplace_back(g, b.device);
+            call(lrs_.get(g, b.device, o.lr(), /*may_fill=*/!on_device));
+          }
         } catch (...) {
           at::_foreach_sub_(b.steps, 1);
           throw;
         }
-        for (std::size_t k = 0; k < b.states.size(); ++k) {
-          b.states[k]->step(b.states[k]->step() + 1);
-          ++b.counters[k]->value;
+        if (on_device) {
+          // A skipped step (found_inf 1) puts the counters back, on the device, as Python's fused path does.
+          if (fi) at::_foreach_sub_(b.steps, std::vector<at::Tensor>(b.steps.size(), *fi));
+        } else {
+          for (std::size_t k = 0; k < b.states.size(); ++k) {
+            b.states[k]->step(b.states[k]->step() + 1);
+            ++b.counters[k]->value;
+          }
         }
       });
+    }
+    if (on_device) {
+      record.valid = true;
+      record_ = std::move(record);
+    }
+  }
+
+  // The device step counters of every parameter with state, brought up to date with the host's.
+  void refresh_counters() {
+    for (const auto& group : this->param_groups())
+      for (const auto& p : group.params()) {
+        const auto it = this->state().find(p.unsafeGetTensorImpl());
+        if (it != this->state().end() && it->second != nullptr)
+          (void)steps_.get(p, static_cast<State&>(*it->second).step());
+      }
+  }
+  bool same_state(torch::optim::OptimizerParamState& base, const typename DeviceRecord<Options>::Entry& e) {
+    auto& s = static_cast<State&>(base);
+    return s.exp_avg().is_same(e.first) && s.exp_avg_sq().is_same(e.second) &&
+           (!e.third.defined() || s.max_exp_avg_sq().is_same(e.third)) &&
+           steps_.get(e.param, s.step()).tensor.is_same(e.step);
+  }
+  static void advance(DeviceRecord<Options>& record) {
+    for (auto& e : record.entries) {
+      auto& s = static_cast<State&>(*e.state);
+      s.step(s.step() + 1);
+      ++e.counter->value;
     }
   }
 
   std::vector<Buckets<State>> per_group_;
   StepTensors steps_;
   LrTensors lrs_;
+  DeviceRecord<Options> record_;
 };
 
 }  // namespace detail
@@ -435,10 +586,12 @@ class FusedSGD final : public detail::Fused<FusedSGD, torch::optim::SGD, torch::
   // Buckets' lists: `first` holds the momentum buffers. Per group, `fresh` holds the parameters taking
   // their first momentum step (the buffer starts as the gradient), `stepped` the others. Two phases,
   // as FusedAdam's: everything is checked and the lists made, then the kernels run.
-  void run(const at::Tensor* grad_scale) {
+  void run(const at::Tensor* grad_scale, const at::Tensor* found_inf = nullptr) {
     at::NoGradGuard no_grad;
+    const bool on_device = found_inf != nullptr;
     detail::PerDevice scale(grad_scale);
     auto& groups = param_groups();
+    detail::DeviceRecord<torch::optim::SGDOptions> record;
     if (stepped_.size() < groups.size()) stepped_.resize(groups.size()), fresh_.resize(groups.size());
     created_.clear();
     struct Clear {
@@ -455,6 +608,7 @@ class FusedSGD final : public detail::Fused<FusedSGD, torch::optim::SGD, torch::
       for (std::size_t g = 0; g < groups.size(); ++g) {
         const auto& o = detail::options_of<torch::optim::SGDOptions>(groups[g]);
         const bool momentum = o.momentum() != 0;
+        if (on_device) record.options.push_back(o), record.param_count += groups[g].params().size();
         for (const auto& p : groups[g].params()) {
           const std::size_t i = index++;
           if (!p.grad().defined()) continue;
@@ -470,6 +624,12 @@ class FusedSGD final : public detail::Fused<FusedSGD, torch::optim::SGD, torch::
           if (momentum) {
             auto& slot = state()[p.unsafeGetTensorImpl()];
             if (slot == nullptr || !static_cast<torch::optim::SGDParamState&>(*slot).momentum_buffer().defined()) {
+              if (on_device) {
+                if (slot == nullptr) state().erase(p.unsafeGetTensorImpl());
+                throw DeviceStepNotReady(nitro::detail::concat(
+                    who, ": parameter ", i, " has no momentum buffer yet; a step captured for the device cannot make it "
+                    "(its first step would be replayed every time): run an eager step first (graph::Capture does)"));
+              }
               auto s = std::make_unique<torch::optim::SGDParamState>();
               s->momentum_buffer(at::empty_like(p, c10::MemoryFormat::Preserve));
               slot = std::move(s);
@@ -477,6 +637,10 @@ class FusedSGD final : public detail::Fused<FusedSGD, torch::optim::SGD, torch::
               b = &fresh_[g].find(p.device(), p.scalar_type());
             } else {
               auto& st = static_cast<torch::optim::SGDParamState&>(*slot);
+              if (on_device && !detail::laid_out_like(st.momentum_buffer(), p))
+                throw DeviceStepNotReady(nitro::detail::concat(who, ": the momentum buffer of parameter ", i, " is laid "
+                                                               "out unlike the parameter; a captured step cannot replace "
+                                                               "it: run an eager step first"));
               if (!detail::laid_out_like(st.momentum_buffer(), p))
                 st.momentum_buffer(detail::lay_out_like(st.momentum_buffer(), p, i, who));
               b = &stepped_[g].find(p.device(), p.scalar_type());
@@ -487,6 +651,10 @@ class FusedSGD final : public detail::Fused<FusedSGD, torch::optim::SGD, torch::
           }
           b->params.push_back(p);
           b->grads.push_back(p.grad());
+          if (on_device) {
+            auto* st = momentum ? state()[p.unsafeGetTensorImpl()].get() : nullptr;
+            record.entries.push_back({p, p.data_ptr(), st, momentum ? b->first.back() : at::Tensor(), {}, {}, {}, nullptr});
+          }
         }
       }
     } catch (...) {
@@ -498,23 +666,40 @@ class FusedSGD final : public detail::Fused<FusedSGD, torch::optim::SGD, torch::
       const auto& o = detail::options_of<torch::optim::SGDOptions>(groups[g]);
       const auto call = [&](detail::Bucket<torch::optim::SGDParamState>& b, bool first_step) {
         const auto gs = scale.on(b.device);
+        const auto fi = on_device && found_inf->defined() ? std::optional<at::Tensor>(*found_inf) : std::nullopt;
         if (b.device.is_cpu() || b.dtype == at::kDouble) {
+          if (on_device) record.baked_lrs.emplace_back(g, o.lr());
           at::_fused_sgd_(b.params, b.grads, b.first, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
-                          o.nesterov(), /*maximize=*/false, first_step, gs, std::nullopt);
+                          o.nesterov(), /*maximize=*/false, first_step, gs, fi);
         } else {
-          at::_fused_sgd_(b.params, b.grads, b.first, o.weight_decay(), o.momentum(), lrs_.get(g, b.device, o.lr()),
-                          o.dampening(), o.nesterov(), /*maximize=*/false, first_step, gs, std::nullopt);
+          if (on_device) record.lrs.emplace_back(g, b.device);
+          at::_fused_sgd_(b.params, b.grads, b.first, o.weight_decay(), o.momentum(),
+                          lrs_.get(g, b.device, o.lr(), /*may_fill=*/!on_device), o.dampening(), o.nesterov(),
+                          /*maximize=*/false, first_step, gs, fi);
         }
       };
       // First steps first: a parameter listed twice has its buffer made before its second update reads it.
       fresh_[g].for_each([&](detail::Bucket<torch::optim::SGDParamState>& b) { call(b, true); });
       stepped_[g].for_each([&](detail::Bucket<torch::optim::SGDParamState>& b) { call(b, false); });
     }
+    if (on_device) {
+      record.valid = true;
+      record_ = std::move(record);
+    }
   }
+
+  // What prepare_device_step and advance_host ask (no step counters in SGD).
+  void refresh_counters() noexcept {}
+  static bool same_state(torch::optim::OptimizerParamState& base,
+                         const detail::DeviceRecord<torch::optim::SGDOptions>::Entry& e) {
+    return !e.first.defined() || static_cast<torch::optim::SGDParamState&>(base).momentum_buffer().is_same(e.first);
+  }
+  static void advance(detail::DeviceRecord<torch::optim::SGDOptions>&) noexcept {}
 
   std::vector<detail::Buckets<torch::optim::SGDParamState>> stepped_, fresh_;
   detail::LrTensors lrs_;
   std::vector<void*> created_;
+  detail::DeviceRecord<torch::optim::SGDOptions> record_;
 };
 
 }  // namespace nitro::optim

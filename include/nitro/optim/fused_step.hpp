@@ -1,12 +1,24 @@
 #pragma once
-// nitro::optim::FusedStep: the one thing TrainingLoop needs to know of a fused optimizer
-// (optim/fused.hpp) to fold amp::Fp16's loss scaler into its step. Kept apart so that the loop does
-// not include the optimizers' headers.
+// nitro::optim::FusedStep: what TrainingLoop and graph::Capture need to know of a fused optimizer
+// (optim/fused.hpp): a step on gradients still multiplied by amp::Fp16's loss scale, and a step whose
+// skip is decided on the device (for CUDA-graph capture). Kept apart so that the loop does not include
+// the optimizers' headers.
+#include <nitro/core/error.hpp>
+
 #include <ATen/core/Tensor.h>
 
 namespace nitro::optim {
 
-/// An optimizer that can step on gradients still multiplied by the loss scale.
+/// step_on_device cannot run yet: a parameter has no state (no eager step made it: every warm-up
+/// step was skipped for inf/NaN, a group was added, amsgrad turned on), or a state or rate is not on
+/// the device yet. Not a mistake: run an eager step (it makes what is missing) and try again.
+class DeviceStepNotReady : public nitro::Error {
+ public:
+  using nitro::Error::Error;
+};
+
+/// An optimizer that can step on gradients still multiplied by the loss scale, and step with the
+/// skip decided on the device.
 class FusedStep {
  public:
   virtual ~FusedStep() = default;
@@ -14,6 +26,24 @@ class FusedStep {
   /// loss scale): the kernels divide each gradient by it as they read it, and write the unscaled
   /// gradient back. The caller has checked that the gradients are finite.
   virtual void step_scaled(const at::Tensor& grad_scale) = 0;
+
+  /// The step as device work only, for CUDA-graph capture (graph/capture.hpp): the kernels with
+  /// `found_inf` (a float32 scalar on the parameters' device, 1 when the step must be skipped), which
+  /// then change nothing (the step counters advanced on the device are put back; undefined: never skipped); `grad_scale` null,
+  /// or the loss scale the gradients are still multiplied by. Changes no host counter (advance_host
+  /// does, once the outcome is known), reads nothing back, allocates nothing once the state exists,
+  /// and refuses to make state (DeviceStepNotReady, before anything is queued: run an eager step
+  /// first). Remembers the tensors it used.
+  virtual void step_on_device(const at::Tensor* grad_scale, const at::Tensor& found_inf) = 0;
+  /// Before a capture and before each replay of one: brings the device copies of learning rates and
+  /// step counters up to date with the host (work queued on the current stream). True when the tensors
+  /// the last step_on_device used are still the optimizer's (parameters at the same addresses, the
+  /// same state tensors) and the options it baked in (all but lr) unchanged: a replay does what an
+  /// eager step would. False means capture again.
+  virtual bool prepare_device_step() = 0;
+  /// After a replayed step_on_device: the host step counters of the parameters it covered advance
+  /// when the step was taken (`stepped`, i.e. found_inf was 0).
+  virtual void advance_host(bool stepped) = 0;
 
  protected:
   FusedStep() = default;

@@ -37,6 +37,13 @@
 //                                                          a hook says `static constexpr bool wants_batch_rows = true`
 //   StateDict state_dict() const / void load_state_dict(const StateDict&)
 //                                                          part of the loop's State (and so of snapshots)
+//   run_step(Loop&, Loop::StepParts<Batch, LossFn>&) -> StepResult
+//                                                          takes over whole steps (one hook at most; it
+//                                                          says `static constexpr bool runs_steps = true`):
+//                                                          graph::Capture. The parts give the loop's own
+//                                                          step of the batch (parts.eager(), every point
+//                                                          above called), and the pieces of a step done
+//                                                          on the device only (see TrainingLoop::StepParts)
 //
 // Hooks run in this order at each point: the monitor policy's recorder, the hook policies in the
 // order the loop's type lists them, then the clip policy (clip and monitor are hooks too, adapted
@@ -234,8 +241,11 @@ struct hook_slots<Monitor, Clip, std::tuple<Hs...>> {
   }
 };
 
+/// A hook that takes over whole steps (run_step).
+template <class H>
+concept RunsSteps = requires { requires static_cast<bool>(H::runs_steps); };
 template <class H, class Loop>
-inline constexpr bool has_any_hook = HasStepBegin<H, Loop> || HasAfterForward<H, Loop> || HasAfterBackward<H, Loop> ||
+inline constexpr bool has_any_hook = RunsSteps<H> || HasStepBegin<H, Loop> || HasAfterForward<H, Loop> || HasAfterBackward<H, Loop> ||
                                      HasBeforeOptimizerStep<H, Loop> || HasAfterOptimizerStep<H, Loop> ||
                                      HasStepEnd<H, Loop> || HasState<H>;
 template <class H>

@@ -25,6 +25,11 @@
 //   14.9 MB;  Ultra 290, 5.8 MB.
 //   bench_loop_overhead: Basic / hand-written loop = 0.998 (goal <= 1.02). Not yet measured on a GPU.
 //
+//   level::Max       (in graph/capture.hpp, which this header does not include) Advanced plus
+//                    graph::Capture: each step replayed from a CUDA graph; needs a fused optimizer
+//                    (optim/fused.hpp) and batches on the GPU; convert a CNN with to_channels_last.
+//                    Not yet measured: no GPU has been lent (bench_graphs).
+//
 // Add a policy to a level with `level::with`: `level::with<level::Advanced, monitor::Phases>`.
 #include <nitro/hw/settings.hpp>
 #include <nitro/train/training_loop.hpp>

@@ -276,14 +276,72 @@ class TrainingLoop {
   /// steps one parameter at a time).
   template <class Batch, class LossFn>
   StepResult step(const Batch& batch, LossFn&& loss_fn) {
+    if constexpr (steps_runner != no_runner) {
+      StepParts<Batch, std::remove_reference_t<LossFn>> parts(*this, batch, loss_fn);
+      return std::get<steps_runner>(hooks_).hook.run_step(*this, parts);
+    } else {
+      return eager_step(batch, loss_fn);
+    }
+  }
+
+  /// What a hook that takes over whole steps (run_step, train/hooks.hpp; graph::Capture) is given for
+  /// one step: the loop's own step of the batch, and the pieces of a step done on the device alone.
+  template <class Batch, class LossFn>
+  class StepParts {
+   public:
+    /// The result of on_device(): device tensors, valid until the next on_device's work overwrites
+    /// them (a captured graph's replay writes the same tensors again).
+    struct DeviceStep {
+      at::Tensor loss;       // the loss, detached
+      at::Tensor found_inf;  // float32 scalar, 1 when the step was skipped; undefined when it never is
+      at::Tensor grad_norm;  // clip::Norm's norm, or undefined
+    };
+    StepParts(TrainingLoop& loop, const Batch& batch, LossFn& loss_fn) : loop_(loop), batch_(batch), loss_fn_(loss_fn) {}
+    const Batch& batch() const noexcept { return batch_; }
+    /// The loop's own step of this batch (or of `batch`): every hook point called, as without the hook.
+    StepResult eager() { return loop_.eager_step(batch_, loss_fn_); }
+    /// The same after begin() was called for this step (on_step_begin is not called again).
+    StepResult eager_after_begin() { return loop_.eager_step(batch_, loss_fn_, /*begun=*/true); }
+    /// Forward, backward, the clip policy and the optimizer step of `batch` as device work only, for
+    /// capture: the loss function under the AMP policy, the scaled backward, the inf check and
+    /// unscale (or the scale folded into the kernels), clipping, the fused optimizer's step with the
+    /// skip decided on the device (optim::FusedStep::step_on_device) and the loss scale's update. No
+    /// hook but the clip policy is called, no host counter moves, nothing is read back, the
+    /// gradients stay in the parameters' .grad. Needs a fused optimizer (optim/fused.hpp).
+    DeviceStep on_device(const Batch& batch) { return loop_.device_step(batch, loss_fn_); }
+    /// Before a step done by replaying on_device's work: the hooks' on_step_begin.
+    void begin() {
+      loop_.each_hook([&](auto& h) {
+        if constexpr (detail::HasStepBegin<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.on_step_begin(loop_);
+      });
+    }
+    /// After it: the one host decision (found_inf read, when defined, as an eager step reads it), the
+    /// counters (the loop's, the optimizer's host step), the loss scale copied, the hooks'
+    /// after_optimizer_step and on_step_end. `done` holds the device tensors of the step.
+    StepResult finish(const DeviceStep& done) { return loop_.finish_device_step(batch_, done); }
+
+   private:
+    TrainingLoop& loop_;
+    const Batch& batch_;
+    LossFn& loss_fn_;
+  };
+
+  /// The model's device (the first parameter's).
+  const c10::Device& device() const noexcept { return device_; }
+
+ private:
+  template <class Batch, class LossFn>
+  StepResult eager_step(const Batch& batch, LossFn& loss_fn, bool begun = false) {
     // Rows of the batch, where a policy needs them (split, samples counted): one pass a step.
     [[maybe_unused]] std::int64_t rows = -1;
     if constexpr (detail::SplitsOnOom<Accumulation> || wants_rows) rows = detail::batch_rows(batch);
     StepResult result;
     try {
-      each_hook([&](auto& h) {
-        if constexpr (detail::HasStepBegin<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.on_step_begin(*this);
-      });
+      if (!begun) {
+        each_hook([&](auto& h) {
+          if constexpr (detail::HasStepBegin<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.on_step_begin(*this);
+        });
+      }
       if constexpr (detail::SplitsOnOom<Accumulation>) {
         result.loss = split_forward_backward(batch, rows, loss_fn);
       } else {
@@ -302,6 +360,7 @@ class TrainingLoop {
     return result;
   }
 
+ public:
   /// Steps on a partial accumulation window (at the end of an epoch), its gradient rescaled to the
   /// mean over the micro-batches it had. Returns nothing when the window is empty.
   std::optional<StepResult> flush() {
@@ -472,7 +531,7 @@ class TrainingLoop {
 
   // Forward and loss under the AMP policy, backward of loss / divisor; returns the loss, detached.
   template <class Batch, class LossFn>
-  at::Tensor forward_backward(const Batch& batch, LossFn& loss_fn, double divisor) {
+  at::Tensor forward_backward(const Batch& batch, LossFn& loss_fn, double divisor, bool call_hooks = true) {
     at::Tensor loss;
     {
       std::optional<AutocastGuard> autocast;
@@ -507,15 +566,19 @@ class TrainingLoop {
                 "TrainingLoop::step: the loss function must return a scalar tensor (reduce it with mean() or sum()); "
                 "got ", loss.defined() ? "a tensor of shape " : "an undefined tensor",
                 loss.defined() ? loss.sizes() : at::IntArrayRef{});
-    each_hook([&](auto& h) {
-      if constexpr (detail::HasAfterForward<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.after_forward(*this, loss);
-    });
+    if (call_hooks) {
+      each_hook([&](auto& h) {
+        if constexpr (detail::HasAfterForward<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.after_forward(*this, loss);
+      });
+    }
     at::Tensor objective = divisor != 1.0 ? loss / divisor : loss;
     if constexpr (Amp::scales_loss) objective = scaler_.scale(objective);
     objective.backward();
-    each_hook([&](auto& h) {
-      if constexpr (detail::HasAfterBackward<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.after_backward(*this);
-    });
+    if (call_hooks) {
+      each_hook([&](auto& h) {
+        if constexpr (detail::HasAfterBackward<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.after_backward(*this);
+      });
+    }
     return loss.detach();
   }
 
@@ -658,6 +721,72 @@ class TrainingLoop {
     });
   }
 
+  // StepParts::on_device: a step as device work only (see there).
+  template <class Batch, class LossFn>
+  typename StepParts<Batch, LossFn>::DeviceStep device_step(const Batch& batch, LossFn& loss_fn) {
+    NITRO_CHECK(fused_ != nullptr, "TrainingLoop: a step done on the device alone (graph::Capture) needs a fused "
+                "optimizer, nitro::optim::FusedAdam, FusedAdamW or FusedSGD (optim/fused.hpp): torch::optim's optimizers "
+                "keep the step count and the bias correction on the host");
+    static_assert(!Accumulation::enabled && !Checkpoint::enabled,
+                  "TrainingLoop: a step done on the device alone takes accumulate::Off and checkpoint::Off");
+    typename StepParts<Batch, LossFn>::DeviceStep done;
+    try {
+      done.loss = forward_backward(batch, loss_fn, 1.0, /*call_hooks=*/false);
+      grads_.assign(params_);
+      const at::Tensor* scale = nullptr;  // the kernels unscale (amp::Fp16, nothing reads the gradients first)
+      if constexpr (Amp::scales_loss) {
+        if (fold_scaler()) {
+          NITRO_CHECK(scaler_.scale_tensor().defined(), "TrainingLoop: the optimizer step came before any loss was scaled");
+          grads_.for_each(detail::check_unscalable);
+          done.found_inf = detail::nonfinite_flag(grads_, scaler_.scale_tensor().device());
+          scale = &scaler_.scale_tensor();
+        } else {
+          done.found_inf = scaler_.unscale(grads_);
+        }
+      } else {
+        if (o_.skip_nonfinite) done.found_inf = detail::nonfinite_flag(grads_, device_);
+      }
+      StepResult clipped;
+      each_hook([&](auto& h) {
+        if constexpr (detail::HasBeforeOptimizerStep<std::remove_cvref_t<decltype(h)>, TrainingLoop>)
+          h.before_optimizer_step(*this, grads_, clipped);
+      });
+      done.grad_norm = clipped.grad_norm;
+      grads_.release();
+      fused_->step_on_device(scale, done.found_inf);
+      if constexpr (Amp::scales_loss) scaler_.update(done.found_inf);
+    } catch (...) {
+      drop_window();
+      throw;
+    }
+    return done;
+  }
+
+  template <class Batch, class Done>
+  StepResult finish_device_step(const Batch& batch, const Done& done) {
+    StepResult result;
+    result.loss = done.loss.clone();  // the next replay writes the same tensor again
+    result.grad_norm = done.grad_norm.defined() ? done.grad_norm.clone() : at::Tensor();
+    const bool skip = done.found_inf.defined() && done.found_inf.template item<float>() > 0.0f;
+    fused_->advance_host(!skip);
+    if constexpr (Amp::scales_loss) result.loss_scale = scaler_.scale_tensor().clone();
+    ++steps_;
+    skipped_ += skip ? 1 : 0;
+    result.stepped = !skip;
+    result.skipped = skip;
+    micro_ = 0;
+    each_hook([&](auto& h) {
+      if constexpr (detail::HasAfterOptimizerStep<std::remove_cvref_t<decltype(h)>, TrainingLoop>)
+        h.after_optimizer_step(*this, result);
+    });
+    [[maybe_unused]] std::int64_t rows = -1;
+    if constexpr (wants_rows) rows = detail::batch_rows(batch);
+    each_hook([&](auto& h) {
+      if constexpr (detail::HasStepEnd<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.on_step_end(*this, result, rows);
+    });
+    return result;
+  }
+
   // amp::Fp16 with a fused optimizer (optim/fused.hpp): the kernel unscales the gradients as it reads
   // them, unless a policy reads them before the step (clipping, a hook with before_optimizer_step),
   // which needs them unscaled first.
@@ -722,6 +851,23 @@ class TrainingLoop {
     static constexpr bool value = (detail::WantsBatchRows<decltype(Slot::hook)> || ...);
   };
   static constexpr bool wants_rows = any_wants_rows<typename Slots::type>::value;
+  // The slot of the hook that takes over whole steps (run_step), or no_runner.
+  static constexpr std::size_t no_runner = static_cast<std::size_t>(-1);
+  template <class Tuple>
+  struct runner_of;
+  template <class... Slot>
+  struct runner_of<std::tuple<Slot...>> {
+    static constexpr std::size_t count = (0 + ... + (detail::RunsSteps<decltype(Slot::hook)> ? 1 : 0));
+    static constexpr std::size_t value = [] {
+      constexpr bool runs[] = {detail::RunsSteps<decltype(Slot::hook)>...};
+      for (std::size_t i = 0; i < sizeof...(Slot); ++i)
+        if (runs[i]) return i;
+      return no_runner;
+    }();
+  };
+  static_assert(runner_of<typename Slots::type>::count <= 1,
+                "TrainingLoop: at most one hook policy may take over whole steps (runs_steps, e.g. graph::Capture)");
+  static constexpr std::size_t steps_runner = runner_of<typename Slots::type>::value;
 
   std::shared_ptr<torch::nn::Module> model_;
   std::shared_ptr<torch::nn::SequentialImpl> sequential_;

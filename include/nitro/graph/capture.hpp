@@ -1,0 +1,536 @@
+#pragma once
+// graph::Capture: a TrainingLoop hook policy that records a whole training step (forward, backward,
+// the loss scaler, clipping and a fused optimizer's step) into a CUDA graph once, then replays it for
+// every batch of the same shape: one launch per step instead of one per kernel.
+//
+//   nitro::optim::FusedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+//   nitro::TrainingLoop<nitro::amp::Bf16, nitro::graph::Capture> loop{model, optimizer};   // or level::Max
+//   for (auto& batch : prefetcher) auto r = loop.step(batch, loss_fn);                    // batches on the GPU
+//
+// What happens at each step, for the shape of the batch (the sizes, strides and dtypes of its tensors):
+//   - the first `warmup` steps of a shape (default 3) run eagerly on a side stream: they are real
+//     training steps, and they make what a capture cannot (cuBLAS and cuDNN workspaces and autotuning,
+//     the optimizer's state, the loss scale); a capture that finds state still missing (every warm-up
+//     step skipped for inf/NaN while amp::Fp16's scale settles, a parameter group added, amsgrad
+//     turned on) runs that step eagerly instead, which makes it, and captures at the next;
+//   - the next one is captured (on the side stream, with a private memory pool, capture mode
+//     thread-local so that a Prefetcher's threads go on working) and replayed at once;
+//   - from then on the batch's tensors are copied into the graph's static input tensors and the graph
+//     is replayed on the current stream.
+//   Each shape gets its own graph, up to `max_graphs` (default 2: the batches of an epoch and its
+//   smaller last batch); the steps of any other shape run eagerly. StepResult (loss, loss_scale,
+//   grad_norm, stepped/skipped), the loop's counters, the hooks' after_optimizer_step and on_step_end,
+//   and the monitor keep working (a replayed step's time is all in the monitor's optimizer phase: its
+//   forward and backward cannot be timed apart).
+//
+// Requirements, checked (nitro::Error or static_assert saying what to change):
+//   - a fused optimizer, optim::FusedAdam, FusedAdamW or FusedSGD: torch::optim's optimizers keep the
+//     step count and bias correction on the host. The learning rate may change between steps (the
+//     kernels read it from a device tensor; set it before step() or in a hook's on_step_begin); a
+//     change of any other option, of the parameters' storage (a snapshot or torch::load into the
+//     model), of which parameters require gradients, of the model's train/eval mode (its root
+//     module's flag) or of the optimizer's state tensors is seen before the next replay and the step
+//     is captured again (no warm-up needed);
+//   - accumulate::Off and checkpoint::Off; hook policies with after_forward, after_backward or
+//     before_optimizer_step are refused (they would run once, at capture); the clip policy is
+//     captured with the step, the monitor runs around it;
+//   - the model and every tensor of the batch on one GPU (a Prefetcher<Cuda> delivers them there); a
+//     batch with a tensor elsewhere or an undefined tensor is an error at every step (not an eager
+//     step: the cost would be silent). What else a batch holds (an int id, a string) is the captured
+//     batch's at every replay: only its tensors are copied in.
+//
+// amp::Fp16: the inf check, the unscale (folded into the fused kernels when no clip policy reads the
+// gradients first), the skip (decided on the device: the kernels leave everything as it was when
+// found_inf is 1, as Python's fused optimizers do) and the scale's update are all in the graph. The
+// host reads found_inf once per step after the replay, as an eager Fp16 step does, to count skipped
+// steps and the optimizer's host step counters; amp::Off and Bf16 read nothing (unless skip_nonfinite).
+//
+// What cannot be captured (the capture fails with a nitro::Error naming the cause, and that shape
+// runs eagerly from then on): anything that synchronises the host with the GPU inside the loss
+// function or the model (.item(), printing or testing a CUDA tensor, torch::nonzero, boolean-mask
+// indexing, copying a CUDA tensor to the CPU), CPU work whose result the GPU reads, and shapes that
+// depend on the data. What the loss function reads from the host (a number captured by reference) is
+// frozen at capture. The loss scaler's options (growth factor, backoff, interval) are baked in too:
+// change them only through a new loop. Random numbers (dropout) come from the default CUDA
+// generator, which capture_begin registers for graph-safe replay (each replay draws new numbers);
+// another generator used inside the step must be listed in Options::generators.
+//
+// After memory::find_max_batch_size on a loop with this policy, call reset(): each trial size is a
+// shape of its own. On a LibTorch built without CUDA (NITRO_WITH_CUDA 0) the policy is a compile-time
+// error.
+#include <nitro/core/concepts.hpp>
+#include <nitro/core/config.hpp>
+#include <nitro/core/device.hpp>
+#include <nitro/core/error.hpp>
+#include <nitro/optim/fused_step.hpp>
+#include <nitro/train/hooks.hpp>
+#include <nitro/train/training_loop.hpp>
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+
+#if NITRO_WITH_CUDA
+#include <ATen/autocast_mode.h>
+#include <ATen/core/CachingHostAllocator.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <typeindex>
+#include <utility>
+#include <vector>
+
+namespace nitro::graph {
+
+namespace detail {
+
+/// How a captured step is run again: a CUDA graph (graph::Capture), or, for tests on machines
+/// without a GPU, the step's device work called again at each "replay" (everything but the graph).
+enum class Engine { cuda_graph, direct };
+
+template <class T>
+inline constexpr bool always_false = false;
+
+/// The tensors of a batch as a graph reads them: sizes, strides, dtype, device.
+struct TensorShape {
+  std::vector<std::int64_t> sizes, strides;
+  c10::ScalarType dtype;
+  c10::Device device;
+  bool matches(const at::Tensor& t) const {
+    return t.scalar_type() == dtype && t.device() == device && t.sizes().equals(sizes) && t.strides().equals(strides);
+  }
+};
+
+#if NITRO_WITH_CUDA
+/// at::cuda::CUDAGraph that can also give up a capture that threw, wherever it threw (capture_begin,
+/// the step, capture_end), leaving the stream, the caching allocators and the generators as before.
+class Graph final : public at::cuda::CUDAGraph {
+ public:
+  void abandon(cudaStream_t stream, c10::DeviceIndex device, c10::MempoolId_t pool) noexcept {
+    if (!capture_ended_) {  // else capture_end got that far: reset() releases the pool, once
+      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+        cudaGraph_t raw = nullptr;
+        (void)cudaStreamEndCapture(stream, &raw);  // ends an invalidated capture too
+        if (raw != nullptr) (void)cudaGraphDestroy(raw);
+      }
+      (void)cudaGetLastError();
+      // Each may have been done already (capture_end ends the routing first) or never begun: then it
+      // throws, and there is nothing to undo.
+      try {
+        c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
+      } catch (...) {
+      }
+      try {
+        at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool);
+      } catch (...) {
+      }
+      try {
+        c10::cuda::CUDACachingAllocator::releasePool(device, pool);
+      } catch (...) {
+      }
+      try {
+        at::getHostAllocator(at::kCUDA)->release_pool(pool);
+      } catch (...) {
+      }
+    }
+    (void)cudaGetLastError();
+    // capture_begin put the generators in capture mode; only a capture_end that got that far takes them
+    // out (its epilogue is not exported): else every later random draw would throw.
+    for (auto& entry : captured_generator_states_) entry.first->capturing_ = false;
+    try {
+      reset();  // forgets the capture id; releases the pool only if capture_end had ended the capture
+    } catch (...) {
+    }
+  }
+};
+#endif
+
+template <Engine E>
+class CaptureImpl {
+  static_assert(E != Engine::cuda_graph || NITRO_WITH_CUDA,
+                "graph::Capture needs a LibTorch built with CUDA (NITRO_WITH_CUDA is 0): CUDA graphs capture GPU "
+                "work; leave the policy out of CPU builds");
+
+ public:
+  using family = nitro::family::Hook;
+  static constexpr std::string_view name = "graph_capture";
+  static constexpr bool enabled = true;
+  static constexpr bool runs_steps = true;
+
+  struct Options {
+    /// Eager steps of a shape before it is captured (>= 1): they make workspaces, autotuning and state.
+    std::int64_t warmup = 3;
+    /// Shapes captured at most (>= 1); the steps of any other shape run eagerly.
+    std::int64_t max_graphs = 2;
+    /// CUDA generators besides the default one that the step draws from (registered with each graph).
+    std::vector<at::Generator> generators{};
+  };
+
+  CaptureImpl(const Options& o, const c10::Device& device) : o_(o), device_(device) {
+    NITRO_CHECK(o_.warmup >= 1, "graph::Capture: warmup must be >= 1 (eager steps before a capture), got ", o_.warmup);
+    NITRO_CHECK(o_.max_graphs >= 1, "graph::Capture: max_graphs must be >= 1, got ", o_.max_graphs);
+    if constexpr (E == Engine::cuda_graph) {
+      NITRO_CHECK(device_.is_cuda(), "graph::Capture: the model is on ", device_.str(), "; CUDA graphs capture GPU "
+                  "work: move the model to a GPU before making the loop, or leave graph::Capture out");
+      for (const auto& g : o_.generators)
+        NITRO_CHECK(g.defined() && g.device().is_cuda(), "graph::Capture: Options::generators must hold CUDA generators");
+    }
+  }
+  CaptureImpl(const CaptureImpl&) = delete;
+  CaptureImpl& operator=(const CaptureImpl&) = delete;
+  ~CaptureImpl() {
+    drop_graphs();
+#if NITRO_WITH_CUDA
+    if (side_raw_ != nullptr) (void)cudaStreamDestroy(side_raw_);  // its queued work still completes
+#endif
+  }
+
+  /// Steps captured (a recapture counts; each ran its batch), replayed, and run eagerly (warm-ups
+  /// included): together, every step.
+  std::int64_t captures() const noexcept { return captures_; }
+  std::int64_t replays() const noexcept { return replays_; }
+  std::int64_t eager_steps() const noexcept { return eager_; }
+  /// Graphs held now.
+  std::int64_t graphs() const noexcept {
+    std::int64_t n = 0;
+    for (const auto& e : entries_) n += e->captured ? 1 : 0;
+    return n;
+  }
+  /// Forgets every shape: drops every graph and its memory pool, and the warm-up counts (the next
+  /// steps of a shape warm up again). For after memory::find_max_batch_size on this loop: its trials
+  /// are steps of shapes of their own, which would otherwise hold graphs (and `max_graphs` slots).
+  void reset() noexcept {
+    drop_graphs();
+    entries_.clear();
+  }
+
+  template <class Loop, class Parts>
+  StepResult run_step(Loop& loop, Parts& parts) {
+    check_loop<Loop>();
+    using Batch = std::remove_cvref_t<decltype(parts.batch())>;
+    struct Clear {  // the batch's tensors are not held past the step
+      std::vector<at::Tensor>& t;
+      ~Clear() { t.clear(); }
+    } clear{batch_};
+    Entry* e = find<Batch>(parts.batch());
+    if (e == nullptr || e->failed || (!e->captured && graphs() >= o_.max_graphs)) {
+      ++eager_;
+      return parts.eager();
+    }
+    auto* fused = dynamic_cast<optim::FusedStep*>(&loop.optimizer());
+    NITRO_CHECK(fused != nullptr, "graph::Capture needs a fused optimizer, nitro::optim::FusedAdam, FusedAdamW or "
+                "FusedSGD (optim/fused.hpp): torch::optim's optimizers keep the step count and the bias correction "
+                "on the host, which a graph cannot replay");
+    if (!e->captured && e->seen < o_.warmup) {
+      ++e->seen;
+      ++eager_;
+      return warm_up(parts, /*begun=*/false);
+    }
+    parts.begin();  // first: a hook's on_step_begin may set the learning rate this step reads
+    // Still the tensors and settings the graphs were captured with? Else every graph is stale.
+    const bool intact = fused->prepare_device_step() && same_storage(loop);
+    if (!intact) drop_graphs();
+    if (!e->captured) {
+      // Captures and runs this step (a first replay of the new graph); when state is still missing,
+      // nothing was captured: an eager step makes it, and the next step captures.
+      if (!capture<Batch>(loop, parts, *e, *fused)) {
+        ++eager_;
+        return warm_up(parts, /*begun=*/true);
+      }
+      return parts.finish(outputs<Parts>(*e));
+    }
+    return replay<Batch>(loop, parts, *e);
+  }
+
+ private:
+  struct Entry {
+    std::type_index type = typeid(void);
+    std::vector<TensorShape> shape;
+    std::int64_t seen = 0;
+    bool failed = false;
+    bool captured = false;
+    std::shared_ptr<const void> batch;        // the static batch (a Batch): what the graph reads
+    std::vector<at::Tensor> inputs;           // its tensors, in for_each_tensor order
+    std::vector<at::Tensor> grads;            // the gradients the graph writes, kept alive
+    at::Tensor loss, found_inf, grad_norm;    // the graph's outputs
+#if NITRO_WITH_CUDA
+    std::unique_ptr<Graph> graph;
+#endif
+    void drop() {
+      captured = false;
+      batch.reset();
+      inputs.clear(), grads.clear();
+      loss = found_inf = grad_norm = at::Tensor();
+#if NITRO_WITH_CUDA
+      graph.reset();  // after the tensors above: its pool is released with it
+#endif
+    }
+  };
+
+  template <class Loop>
+  static void check_loop() {
+    static_assert(!Loop::accumulation_policy::enabled,
+                  "graph::Capture replays one whole optimizer step per batch: use accumulate::Off (a larger batch "
+                  "instead of accumulation)");
+    static_assert(!Loop::checkpoint_policy::enabled,
+                  "graph::Capture: activation checkpointing saves and restores RNG state on the host, which a graph "
+                  "cannot replay; use checkpoint::Off");
+    []<class... Hs>(std::tuple<Hs...>*) {
+      static_assert(((std::is_same_v<Hs, CaptureImpl> ||
+                      (!nitro::detail::HasAfterForward<Hs, Loop> && !nitro::detail::HasAfterBackward<Hs, Loop> &&
+                       !nitro::detail::HasBeforeOptimizerStep<Hs, Loop>)) && ...),
+                    "graph::Capture: a hook policy with after_forward, after_backward or before_optimizer_step would "
+                    "run once, when the step is captured, not at each replay; keep such hooks out of a loop with "
+                    "graph::Capture (on_step_begin, after_optimizer_step, on_step_end and state are fine)");
+    }(static_cast<typename Loop::hook_policies*>(nullptr));
+  }
+
+  // The entry of the batch's shape, made on first sight (a bounded number: beyond it, eager steps).
+  // The batch's tensors into batch_ (one pass), and the entry of their shape, made on first sight (a
+  // bounded number: beyond it, eager steps).
+  template <class Batch>
+  Entry* find(const Batch& batch) {
+    nitro::for_each_tensor(batch, [&](const at::Tensor& t) { batch_.push_back(t); });
+    for (auto& e : entries_) {
+      if (e->type != std::type_index(typeid(Batch)) || e->shape.size() != batch_.size()) continue;
+      bool same = true;
+      for (std::size_t i = 0; same && i < batch_.size(); ++i) same = e->shape[i].matches(batch_[i]);
+      if (same) return e.get();
+    }
+    for (const auto& t : batch_) {
+      NITRO_CHECK(t.defined(), "graph::Capture: the batch holds an undefined tensor; a graph copies every tensor of "
+                  "the batch into its own");
+      NITRO_CHECK(t.device() == device_, "graph::Capture: a tensor of the batch is on ", t.device().str(),
+                  ", the model on ", device_.str(), "; a graph reads its inputs from the GPU: deliver batches there "
+                  "(Prefetcher<Cuda>) or move them before step()");
+    }
+    NITRO_CHECK(!batch_.empty(), "graph::Capture: the batch holds no tensor");
+    if (entries_.size() >= static_cast<std::size_t>(o_.max_graphs) + 16) return nullptr;
+    auto e = std::make_unique<Entry>();
+    e->type = typeid(Batch);
+    for (const auto& t : batch_) e->shape.push_back({t.sizes().vec(), t.strides().vec(), t.scalar_type(), t.device()});
+    return entries_.emplace_back(std::move(e)).get();
+  }
+
+  // The model as the graphs saw it: parameters and buffers where they were, the same parameters
+  // requiring gradients, the same train/eval mode.
+  template <class Loop>
+  bool same_storage(Loop& loop) const {
+    if (storage_.empty()) return true;  // no graph yet
+    if (loop.model().is_training() != training_) return false;
+    for (const auto& s : storage_)
+      if (s.tensor.data_ptr() != s.data || s.tensor.requires_grad() != s.requires_grad) return false;
+    return true;
+  }
+
+  void drop_graphs() noexcept {
+    for (auto& e : entries_) e->drop();
+    storage_.clear();
+  }
+  struct Storage {
+    at::Tensor tensor;
+    const void* data;
+    bool requires_grad;
+  };
+
+  template <class Parts>
+  static auto outputs(const Entry& e) {
+    return typename Parts::DeviceStep{e.loss, e.found_inf, e.grad_norm};
+  }
+
+  // An eager step (on the side stream, where later captures run); `begun`: begin() was called.
+  template <class Parts>
+  StepResult warm_up(Parts& parts, bool begun) {
+    const auto eager = [&] { return begun ? parts.eager_after_begin() : parts.eager(); };
+    if constexpr (E == Engine::cuda_graph) {
+#if NITRO_WITH_CUDA
+      c10::cuda::CUDAGuard device_guard(device_);
+      const auto current = c10::cuda::getCurrentCUDAStream(device_.index());
+      const auto side = side_stream();
+      at::cuda::CUDAEvent ready, done;
+      ready.record(current);
+      ready.block(side);
+      StepResult r;
+      {
+        c10::cuda::CUDAStreamGuard guard(side);
+        r = eager();
+      }
+      done.record(side);
+      done.block(current);
+      return r;
+#endif
+    } else {
+      return eager();
+    }
+  }
+
+  // False when the optimizer is not ready (optim::DeviceStepNotReady): nothing captured, nothing run.
+  template <class Batch, class Loop, class Parts>
+  bool capture(Loop& loop, Parts& parts, Entry& e, optim::FusedStep& fused) {
+    const Batch& batch = parts.batch();
+    loop.optimizer().zero_grad(/*set_to_none=*/true);  // the graph's backward makes its own gradients
+    e.inputs.clear();
+    auto statics = std::make_shared<const Batch>(nitro::map_tensors(batch, [&](const at::Tensor& t) {
+      auto s = at::empty_like(t, c10::MemoryFormat::Preserve);
+      s.copy_(t);
+      e.inputs.push_back(s);
+      return s;
+    }));
+    (void)fused.prepare_device_step();  // learning rates and counters on the device before capture
+    if constexpr (E == Engine::cuda_graph) {
+#if NITRO_WITH_CUDA
+      if (!capture_graph(loop, parts, e, *statics)) return false;
+#endif
+    } else {
+      try {
+        keep(e, parts.on_device(*statics));
+      } catch (const optim::DeviceStepNotReady&) {
+        e.drop();
+        return false;
+      } catch (...) {
+        e.drop();
+        e.failed = true;
+        throw;
+      }
+    }
+    e.batch = std::move(statics);
+    // The gradients the graph writes stay allocated; the parameters' .grad are set to none, as after
+    // an eager step, so that an eager step of another shape does not add to them.
+    e.grads.clear();
+    for (const auto& group : loop.optimizer().param_groups())
+      for (const auto& p : group.params())
+        if (p.grad().defined()) e.grads.push_back(p.grad());
+    loop.optimizer().zero_grad(/*set_to_none=*/true);
+    if (storage_.empty()) {
+      for (const auto& t : loop.model().parameters()) storage_.push_back({t, t.data_ptr(), t.requires_grad()});
+      for (const auto& t : loop.model().buffers()) storage_.push_back({t, t.data_ptr(), t.requires_grad()});
+      training_ = loop.model().is_training();
+    }
+    e.captured = true;
+    ++captures_;
+    return true;
+  }
+
+  template <class Done>
+  static void keep(Entry& e, const Done& d) {
+    e.loss = d.loss, e.found_inf = d.found_inf, e.grad_norm = d.grad_norm;
+  }
+
+  template <class Batch, class Loop, class Parts>
+  StepResult replay(Loop& loop, Parts& parts, Entry& e) {
+    for (std::size_t i = 0; i < batch_.size(); ++i) e.inputs[i].copy_(batch_[i], /*non_blocking=*/true);
+    if constexpr (E == Engine::cuda_graph) {
+#if NITRO_WITH_CUDA
+      e.graph->replay();
+#endif
+    } else {
+      keep(e, parts.on_device(*static_cast<const Batch*>(e.batch.get())));
+      loop.optimizer().zero_grad(/*set_to_none=*/true);  // a graph's backward writes fresh gradients
+    }
+    ++replays_;
+    return parts.finish(outputs<Parts>(e));
+  }
+
+#if NITRO_WITH_CUDA
+  // A stream of its own (not one of LibTorch's pool streams, which a Prefetcher may also draw: its
+  // copies would then join a capture).
+  c10::cuda::CUDAStream side_stream() {
+    if (side_raw_ == nullptr) {
+      c10::cuda::CUDAGuard guard(device_);
+      C10_CUDA_CHECK(cudaStreamCreateWithFlags(&side_raw_, cudaStreamNonBlocking));
+    }
+    return c10::cuda::getStreamFromExternal(side_raw_, device_.index());
+  }
+
+  template <class Loop, class Parts, class Batch>
+  bool capture_graph(Loop& loop, Parts& parts, Entry& e, const Batch& statics) {
+    c10::cuda::CUDAGuard device_guard(device_);
+    const auto current = c10::cuda::getCurrentCUDAStream(device_.index());
+    const auto side = side_stream();
+    at::cuda::CUDAEvent ready, done;
+    ready.record(current);  // the static inputs' copies, the prepared rates and counters
+    ready.block(side);
+    const auto pool = at::cuda::graph_pool_handle();
+    auto graph = std::make_unique<Graph>();
+    for (const auto& g : o_.generators) graph->register_generator_state(g);
+    // Cast weights cached by autocast outside the graph must not be read inside it.
+    const bool cache = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_cache_enabled(false);
+    struct RestoreCache {
+      bool on;
+      ~RestoreCache() { at::autocast::set_autocast_cache_enabled(on); }
+    } restore{cache};
+    {
+      c10::cuda::CUDAStreamGuard guard(side);
+      try {
+        graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+        keep(e, parts.on_device(statics));
+        graph->capture_end();
+      } catch (const optim::DeviceStepNotReady&) {
+        graph->abandon(side.stream(), device_.index(), pool);
+        graph.reset();
+        loop.optimizer().zero_grad(/*set_to_none=*/true);
+        e.drop();
+        return false;
+      } catch (const std::exception& error) {
+        graph->abandon(side.stream(), device_.index(), pool);
+        graph.reset();
+        loop.optimizer().zero_grad(/*set_to_none=*/true);
+        e.drop();
+        e.failed = true;
+        NITRO_CHECK(false, "graph::Capture: the training step could not be captured into a CUDA graph (", error.what(),
+                    "). A graph records GPU work only: a step that synchronises the host with the GPU (.item(), "
+                    "printing or testing a CUDA tensor, torch::nonzero, boolean-mask indexing, a CUDA tensor copied "
+                    "to the CPU), CPU work the GPU reads, or shapes made from the data cannot be replayed. Remove it "
+                    "from the loss function and the model, or train without graph::Capture; batches of this shape "
+                    "run eagerly from now on");
+      }
+    }
+    done.record(side);
+    done.block(current);
+    e.graph = std::move(graph);
+    e.graph->replay();  // a capture runs nothing: this step's batch (in the static inputs) is its first replay
+    return true;
+  }
+
+  cudaStream_t side_raw_ = nullptr;
+#endif
+
+  Options o_;
+  c10::Device device_;
+  std::vector<std::unique_ptr<Entry>> entries_;
+  std::vector<Storage> storage_;
+  bool training_ = true;
+  std::vector<at::Tensor> batch_;  // the tensors of the step's batch, during run_step
+  std::int64_t captures_ = 0, replays_ = 0, eager_ = 0;
+};
+
+}  // namespace detail
+
+/// The CUDA-graph step policy (see the banner).
+using Capture = detail::CaptureImpl<detail::Engine::cuda_graph>;
+
+}  // namespace nitro::graph
+
+namespace nitro::level {
+
+/// level::Advanced plus graph::Capture: bf16 autocast, cuDNN autotuning and TF32, and each step
+/// replayed from a CUDA graph. Needs a fused optimizer (optim/fused.hpp) and batches on the GPU;
+/// convert a convolutional model with nitro::to_channels_last (train/channels_last.hpp) first.
+/// Not yet measured on a GPU (bench_graphs).
+using Max = TrainingLoop<amp::Bf16, accumulate::Off, checkpoint::Off, graph::Capture>;
+
+}  // namespace nitro::level
