@@ -132,8 +132,8 @@ TEST_CASE("graph::Capture (direct engine): warm-up, capture, replays follow the 
   for (const auto& p : model->parameters())
     CHECK(static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(p.unsafeGetTensorImpl())).step() == 12);
 
-  // The full trajectory (losses, steps) with a learning rate that changes every step: the kernels
-  // read it from the device.
+  // The full trajectory (losses, steps) with a learning rate that changes every step (on the CPU the
+  // kernels take it as a number, so each change captures again; on a GPU they read it from a tensor).
   const auto schedule = [](int k) { return 1e-2 / (1.0 + k); };
   check_same(run<Captured, nitro::optim::FusedAdamW>(o, 15, eight, {}, schedule),
              run<Eager, nitro::optim::FusedAdamW>(o, 15, eight, {}, schedule), 1e-6);
@@ -374,6 +374,48 @@ TEST_CASE("graph::Capture (direct engine): state missing at capture (Fp16 warm-u
   const auto a = go(std::type_identity<nitro::TrainingLoop<Direct>>{});
   const auto b = go(std::type_identity<nitro::TrainingLoop<>>{});
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(max_rel_diff(a[i], b[i]) <= 1e-6);
+}
+
+TEST_CASE("graph::Capture (direct engine): a shape is also the loss function's type, out of memory at a capture is tried again, another error makes the shape eager") {
+  auto model = make_mlp(8);
+  nitro::optim::FusedSGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  nitro::TrainingLoop<Direct> loop{model, optimizer, {.hooks = {Direct::Options{.warmup = 1}}}};
+  const auto& c = loop.hook<Direct>();
+  const auto ce = [&](const auto& b) { return torch::cross_entropy_loss(model->forward(b.first), b.second); };
+  const auto sq = [&](const auto& b) { return model->forward(b.first).square().mean(); };
+  for (int k = 0; k < 8; ++k) {
+    if (k % 2) loop.step(batch(k), sq);
+    else loop.step(batch(k), ce);
+  }
+  CHECK(c.graphs() == 2);  // one per loss function, same batch shape
+  CHECK(c.captures() == 2);
+  CHECK(c.replays() == 4);
+
+  // Out of memory at the capture of a new shape: the error reaches the caller as it is, and the next
+  // step of that shape captures. Another error: that shape is eager from then on.
+  int calls = 0;
+  const auto oom_once = [&](const auto& b) {
+    if (++calls == 2) throw std::bad_alloc();  // the second call is the capture (after one warm-up)
+    return torch::cross_entropy_loss(model->forward(b.first), b.second);
+  };
+  nitro::TrainingLoop<Direct> fresh{model, optimizer, {.hooks = {Direct::Options{.warmup = 1}}}};
+  fresh.step(batch(0, 6), oom_once);
+  CHECK_THROWS_AS(fresh.step(batch(1, 6), oom_once), std::bad_alloc);
+  fresh.step(batch(2, 6), oom_once);
+  CHECK(fresh.hook<Direct>().captures() == 1);
+  CHECK(fresh.pending_micro_batches() == 0);
+  int other_calls = 0;
+  const auto fails_once = [&](const auto& b) {
+    if (++other_calls == 2) throw std::runtime_error("a user's error");
+    return torch::cross_entropy_loss(model->forward(b.first), b.second);
+  };
+  nitro::TrainingLoop<Direct> third{model, optimizer, {.hooks = {Direct::Options{.warmup = 1}}}};
+  third.step(batch(0, 5), fails_once);
+  CHECK_THROWS_WITH(third.step(batch(1, 5), fails_once), "a user's error");
+  for (int k = 2; k < 5; ++k) third.step(batch(k, 5), fails_once);
+  CHECK(third.hook<Direct>().captures() == 0);
+  CHECK(third.hook<Direct>().eager_steps() == 4);
+  for (const auto& p : model->parameters()) CHECK_FALSE(p.grad().defined());
 }
 
 // ---- on a GPU: real graphs -----------------------------------------------------------------------

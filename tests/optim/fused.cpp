@@ -352,6 +352,7 @@ struct Spy final : torch::optim::SGD, nitro::optim::FusedStep {
   void step_on_device(const at::Tensor*, const at::Tensor&) override { throw nitro::Error("Spy: not for capture"); }
   bool prepare_device_step() override { return false; }
   void advance_host(bool) override {}
+  void release_device_step() noexcept override {}
 };
 
 struct SeesGrads {

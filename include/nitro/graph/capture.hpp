@@ -7,7 +7,9 @@
 //   nitro::TrainingLoop<nitro::amp::Bf16, nitro::graph::Capture> loop{model, optimizer};   // or level::Max
 //   for (auto& batch : prefetcher) auto r = loop.step(batch, loss_fn);                    // batches on the GPU
 //
-// What happens at each step, for the shape of the batch (the sizes, strides and dtypes of its tensors):
+// What happens at each step, for the shape of the step: the sizes, strides and dtypes of the batch's
+// tensors, the batch's type and the loss function's type (two lambdas are two shapes; one loss
+// function in a std::function, or one whose captured values change, is the one captured):
 //   - the first `warmup` steps of a shape (default 3) run eagerly on a side stream: they are real
 //     training steps, and they make what a capture cannot (cuBLAS and cuDNN workspaces and autotuning,
 //     the optimizer's state, the loss scale); a capture that finds state still missing (every warm-up
@@ -18,7 +20,10 @@
 //   - from then on the batch's tensors are copied into the graph's static input tensors and the graph
 //     is replayed on the current stream.
 //   Each shape gets its own graph, up to `max_graphs` (default 2: the batches of an epoch and its
-//   smaller last batch); the steps of any other shape run eagerly. StepResult (loss, loss_scale,
+//   smaller last batch); the steps of any other shape run eagerly. Each graph holds its own memory
+//   pool (the step's activations and gradients) for as long as it lives; a capture made again (see
+//   below) takes a new pool, and the old one returns to the device when the caching allocator frees
+//   its cache (on a failed allocation, or c10::cuda::CUDACachingAllocator::emptyCache()). StepResult (loss, loss_scale,
 //   grad_norm, stepped/skipped), the loop's counters, the hooks' after_optimizer_step and on_step_end,
 //   and the monitor keep working (a replayed step's time is all in the monitor's optimizer phase: its
 //   forward and backward cannot be timed apart).
@@ -26,7 +31,9 @@
 // Requirements, checked (nitro::Error or static_assert saying what to change):
 //   - a fused optimizer, optim::FusedAdam, FusedAdamW or FusedSGD: torch::optim's optimizers keep the
 //     step count and bias correction on the host. The learning rate may change between steps (the
-//     kernels read it from a device tensor; set it before step() or in a hook's on_step_begin); a
+//     kernels read it from a device tensor, refreshed before each replay: set it before step() or in
+//     a hook's on_step_begin; a double parameter's rate is a number in the graph: a change captures
+//     again); a
 //     change of any other option, of the parameters' storage (a snapshot or torch::load into the
 //     model), of which parameters require gradients, of the model's train/eval mode (its root
 //     module's flag) or of the optimizer's state tensors is seen before the next replay and the step
@@ -46,7 +53,8 @@
 // steps and the optimizer's host step counters; amp::Off and Bf16 read nothing (unless skip_nonfinite).
 //
 // What cannot be captured (the capture fails with a nitro::Error naming the cause, and that shape
-// runs eagerly from then on): anything that synchronises the host with the GPU inside the loss
+// runs eagerly from then on; any other error at a capture does the same, except running out of
+// memory, which reaches the caller as it is and is tried again at the next step): anything that synchronises the host with the GPU inside the loss
 // function or the model (.item(), printing or testing a CUDA tensor, torch::nonzero, boolean-mask
 // indexing, copying a CUDA tensor to the CPU), CPU work whose result the GPU reads, and shapes that
 // depend on the data. What the loss function reads from the host (a number captured by reference) is
@@ -62,6 +70,7 @@
 #include <nitro/core/config.hpp>
 #include <nitro/core/device.hpp>
 #include <nitro/core/error.hpp>
+#include <nitro/memory/oom.hpp>
 #include <nitro/optim/fused_step.hpp>
 #include <nitro/train/hooks.hpp>
 #include <nitro/train/training_loop.hpp>
@@ -158,6 +167,34 @@ class Graph final : public at::cuda::CUDAGraph {
 };
 #endif
 
+#if NITRO_WITH_CUDA
+/// For a scope: the side stream waits for the current stream's work so far and becomes current; at
+/// the end (also by an exception) the current stream is restored and waits for the side stream's work.
+class SideStream {
+ public:
+  SideStream(const c10::cuda::CUDAStream& current, const c10::cuda::CUDAStream& side)
+      : current_(current), side_(side), guard_(side) {
+    at::cuda::CUDAEvent ready;
+    ready.record(current_);
+    ready.block(side_);
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  ~SideStream() {
+    try {
+      at::cuda::CUDAEvent done;
+      done.record(side_);
+      done.block(current_);
+    } catch (...) {  // nothing to do: an error here is the device's, the next CUDA call reports it
+    }
+  }
+
+ private:
+  c10::cuda::CUDAStream current_, side_;
+  c10::cuda::CUDAStreamGuard guard_;
+};
+#endif
+
 template <Engine E>
 class CaptureImpl {
   static_assert(E != Engine::cuda_graph || NITRO_WITH_CUDA,
@@ -192,6 +229,7 @@ class CaptureImpl {
   CaptureImpl(const CaptureImpl&) = delete;
   CaptureImpl& operator=(const CaptureImpl&) = delete;
   ~CaptureImpl() {
+    in_destructor_ = true;  // the optimizer may be gone already
     drop_graphs();
 #if NITRO_WITH_CUDA
     if (side_raw_ != nullptr) (void)cudaStreamDestroy(side_raw_);  // its queued work still completes
@@ -225,12 +263,12 @@ class CaptureImpl {
       std::vector<at::Tensor>& t;
       ~Clear() { t.clear(); }
     } clear{batch_};
-    Entry* e = find<Batch>(parts.batch());
+    Entry* e = find<Parts>(parts.batch());
     if (e == nullptr || e->failed || (!e->captured && graphs() >= o_.max_graphs)) {
       ++eager_;
       return parts.eager();
     }
-    auto* fused = dynamic_cast<optim::FusedStep*>(&loop.optimizer());
+    auto* fused = fused_ = dynamic_cast<optim::FusedStep*>(&loop.optimizer());
     NITRO_CHECK(fused != nullptr, "graph::Capture needs a fused optimizer, nitro::optim::FusedAdam, FusedAdamW or "
                 "FusedSGD (optim/fused.hpp): torch::optim's optimizers keep the step count and the bias correction "
                 "on the host, which a graph cannot replay");
@@ -257,7 +295,7 @@ class CaptureImpl {
 
  private:
   struct Entry {
-    std::type_index type = typeid(void);
+    std::type_index type = typeid(void);  // the step's batch and loss function types
     std::vector<TensorShape> shape;
     std::int64_t seen = 0;
     bool failed = false;
@@ -299,13 +337,14 @@ class CaptureImpl {
   }
 
   // The entry of the batch's shape, made on first sight (a bounded number: beyond it, eager steps).
-  // The batch's tensors into batch_ (one pass), and the entry of their shape, made on first sight (a
-  // bounded number: beyond it, eager steps).
-  template <class Batch>
+  // The batch's tensors into batch_ (one pass), and the entry of their shape and of the step's types
+  // (Key: the loop's StepParts<Batch, LossFn>), made on first sight (a bounded number: beyond it, eager
+  // steps).
+  template <class Key, class Batch>
   Entry* find(const Batch& batch) {
     nitro::for_each_tensor(batch, [&](const at::Tensor& t) { batch_.push_back(t); });
     for (auto& e : entries_) {
-      if (e->type != std::type_index(typeid(Batch)) || e->shape.size() != batch_.size()) continue;
+      if (e->type != std::type_index(typeid(Key)) || e->shape.size() != batch_.size()) continue;
       bool same = true;
       for (std::size_t i = 0; same && i < batch_.size(); ++i) same = e->shape[i].matches(batch_[i]);
       if (same) return e.get();
@@ -320,7 +359,7 @@ class CaptureImpl {
     NITRO_CHECK(!batch_.empty(), "graph::Capture: the batch holds no tensor");
     if (entries_.size() >= static_cast<std::size_t>(o_.max_graphs) + 16) return nullptr;
     auto e = std::make_unique<Entry>();
-    e->type = typeid(Batch);
+    e->type = typeid(Key);
     for (const auto& t : batch_) e->shape.push_back({t.sizes().vec(), t.strides().vec(), t.scalar_type(), t.device()});
     return entries_.emplace_back(std::move(e)).get();
   }
@@ -339,6 +378,9 @@ class CaptureImpl {
   void drop_graphs() noexcept {
     for (auto& e : entries_) e->drop();
     storage_.clear();
+    // No graph reads what the optimizer's last device step used any more: let it go (a state
+    // replaced by a load is not kept alive by it).
+    if (fused_ != nullptr && !in_destructor_) fused_->release_device_step();
   }
   struct Storage {
     at::Tensor tensor;
@@ -360,17 +402,8 @@ class CaptureImpl {
       c10::cuda::CUDAGuard device_guard(device_);
       const auto current = c10::cuda::getCurrentCUDAStream(device_.index());
       const auto side = side_stream();
-      at::cuda::CUDAEvent ready, done;
-      ready.record(current);
-      ready.block(side);
-      StepResult r;
-      {
-        c10::cuda::CUDAStreamGuard guard(side);
-        r = eager();
-      }
-      done.record(side);
-      done.block(current);
-      return r;
+      const SideStream on_side(current, side);
+      return eager();
 #endif
     } else {
       return eager();
@@ -400,9 +433,9 @@ class CaptureImpl {
       } catch (const optim::DeviceStepNotReady&) {
         e.drop();
         return false;
-      } catch (...) {
+      } catch (const std::exception& error) {
         e.drop();
-        e.failed = true;
+        e.failed = !memory::is_out_of_memory(error);  // out of memory: tried again at the next step
         throw;
       }
     }
@@ -460,9 +493,6 @@ class CaptureImpl {
     c10::cuda::CUDAGuard device_guard(device_);
     const auto current = c10::cuda::getCurrentCUDAStream(device_.index());
     const auto side = side_stream();
-    at::cuda::CUDAEvent ready, done;
-    ready.record(current);  // the static inputs' copies, the prepared rates and counters
-    ready.block(side);
     const auto pool = at::cuda::graph_pool_handle();
     auto graph = std::make_unique<Graph>();
     for (const auto& g : o_.generators) graph->register_generator_state(g);
@@ -474,7 +504,8 @@ class CaptureImpl {
       ~RestoreCache() { at::autocast::set_autocast_cache_enabled(on); }
     } restore{cache};
     {
-      c10::cuda::CUDAStreamGuard guard(side);
+      // After the static inputs' copies and the prepared rates and counters; joined back, also on failure.
+      const SideStream on_side(current, side);
       try {
         graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
         keep(e, parts.on_device(statics));
@@ -490,6 +521,7 @@ class CaptureImpl {
         graph.reset();
         loop.optimizer().zero_grad(/*set_to_none=*/true);
         e.drop();
+        if (memory::is_out_of_memory(error)) throw;  // as it was (its type too); tried again at the next step
         e.failed = true;
         NITRO_CHECK(false, "graph::Capture: the training step could not be captured into a CUDA graph (", error.what(),
                     "). A graph records GPU work only: a step that synchronises the host with the GPU (.item(), "
@@ -499,8 +531,6 @@ class CaptureImpl {
                     "run eagerly from now on");
       }
     }
-    done.record(side);
-    done.block(current);
     e.graph = std::move(graph);
     e.graph->replay();  // a capture runs nothing: this step's batch (in the static inputs) is its first replay
     return true;
@@ -516,6 +546,8 @@ class CaptureImpl {
   bool training_ = true;
   std::vector<at::Tensor> batch_;  // the tensors of the step's batch, during run_step
   std::int64_t captures_ = 0, replays_ = 0, eager_ = 0;
+  optim::FusedStep* fused_ = nullptr;  // the loop's optimizer, once a step needed it
+  bool in_destructor_ = false;
 };
 
 }  // namespace detail

@@ -207,12 +207,11 @@ struct DeviceRecord {
   bool valid = false;
   std::size_t param_count = 0;                     // parameters of all groups at the time
   std::vector<Options> options;                    // each group's options as baked in
-  std::vector<std::pair<std::size_t, c10::Device>> lrs;  // (group, device) whose rate tensor is read
   std::vector<std::pair<std::size_t, double>> baked_lrs;  // (group, rate) passed as a number (double parameters)
   std::vector<Entry> entries;
-  void clear() {
+  void clear() noexcept {
     valid = false, param_count = 0;
-    options.clear(), lrs.clear(), baked_lrs.clear(), entries.clear();
+    options.clear(), baked_lrs.clear(), entries.clear();
   }
 };
 
@@ -361,8 +360,17 @@ class Fused : public Base, public FusedStep {
       if (intact) intact = same_but_lr(options_of<Options>(groups[g]), record.options[g]);
     }
     intact = intact && count == record.param_count;
-    for (const auto& [g, device] : record.lrs)
-      if (g < groups.size()) self.lrs_.get(g, device, options_of<Options>(groups[g]).lr());
+    // Every rate the kernels read from a tensor, up to date (also those no capture has used yet: a
+    // capture may not fill one). One pass over the parameters, one entry per (group, device).
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const double lr = options_of<Options>(groups[g]).lr();
+      std::optional<c10::Device> last;
+      for (const auto& p : groups[g].params()) {
+        if (!p.device().is_cuda() || p.scalar_type() == at::kDouble || (last && *last == p.device())) continue;
+        last = p.device();
+        self.lrs_.get(g, p.device(), lr);
+      }
+    }
     for (const auto& [g, lr] : record.baked_lrs)  // a rate the kernels took as a number is in the graph
       intact = intact && g < groups.size() && options_of<Options>(groups[g]).lr() == lr;
     self.refresh_counters();
@@ -379,6 +387,7 @@ class Fused : public Base, public FusedStep {
   void advance_host(bool stepped) override {
     if (stepped) static_cast<Self&>(*this).advance(static_cast<Self&>(*this).record_);
   }
+  void release_device_step() noexcept override { static_cast<Self&>(*this).record_.clear(); }
 
  protected:
   void check_groups() const {
@@ -500,7 +509,6 @@ class FusedAdamBase : public Fused<Self, Base, Options> {
             if (on_device) record.baked_lrs.emplace_back(g, o.lr());
             call(o.lr());
           } else {
-            if (on_device) record.lrs.emplace_back(g, b.device);
             call(lrs_.get(g, b.device, o.lr(), /*may_fill=*/!on_device));
           }
         } catch (...) {
@@ -672,7 +680,6 @@ class FusedSGD final : public detail::Fused<FusedSGD, torch::optim::SGD, torch::
           at::_fused_sgd_(b.params, b.grads, b.first, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
                           o.nesterov(), /*maximize=*/false, first_step, gs, fi);
         } else {
-          if (on_device) record.lrs.emplace_back(g, b.device);
           at::_fused_sgd_(b.params, b.grads, b.first, o.weight_decay(), o.momentum(),
                           lrs_.get(g, b.device, o.lr(), /*may_fill=*/!on_device), o.dampening(), o.nesterov(),
                           /*maximize=*/false, first_step, gs, fi);

@@ -44,6 +44,9 @@ class FusedStep {
   /// After a replayed step_on_device: the host step counters of the parameters it covered advance
   /// when the step was taken (`stepped`, i.e. found_inf was 0).
   virtual void advance_host(bool stepped) = 0;
+  /// Forgets what the last step_on_device used (once no graph replays it any more), so that state
+  /// tensors replaced since (a load) are not kept alive by it.
+  virtual void release_device_step() noexcept = 0;
 
  protected:
   FusedStep() = default;
