@@ -237,7 +237,7 @@ class CaptureImpl {
   }
 
   /// Steps captured (a recapture counts; each ran its batch), replayed, and run eagerly (warm-ups
-  /// included): together, every step.
+  /// included): together, every step that returned, and the eager ones that threw.
   std::int64_t captures() const noexcept { return captures_; }
   std::int64_t replays() const noexcept { return replays_; }
   std::int64_t eager_steps() const noexcept { return eager_; }
