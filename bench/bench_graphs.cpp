@@ -20,6 +20,7 @@
 #include <torch/torch.h>
 
 #include "common.hpp"
+#include "models.hpp"
 
 #include <cstdio>
 #include <cstdlib>
@@ -41,13 +42,9 @@ torch::nn::Sequential mlp() {
   return net;
 }
 
-torch::nn::Sequential cnn() {  // the demo's (examples/levels.cpp)
+torch::nn::Sequential cnn() {
   torch::manual_seed(0);
-  return torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)),
-                               torch::nn::Functional(torch::relu), torch::nn::MaxPool2d(2),
-                               torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)),
-                               torch::nn::Functional(torch::relu), torch::nn::MaxPool2d(2), torch::nn::Flatten(),
-                               torch::nn::Linear(32 * 8 * 8, 10));
+  return nitro::bench::demo_cnn();
 }
 
 using Batches = std::vector<std::pair<at::Tensor, at::Tensor>>;

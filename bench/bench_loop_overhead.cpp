@@ -5,6 +5,7 @@
 // at different addresses, and that alone moved the ratio by +-4% on the CPU machine. That they do
 // the same work is checked first, on two copies from the same seed: equal parameters after a few steps.
 #include "common.hpp"
+#include "models.hpp"
 
 #include <nitro/data/synthetic.hpp>
 #include <nitro/train/levels.hpp>
@@ -15,14 +16,7 @@
 
 namespace {
 
-torch::nn::Sequential cnn() {
-  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 16, 3).padding(1)),
-                            torch::nn::Functional(torch::relu), torch::nn::MaxPool2d(2),
-                            torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)),
-                            torch::nn::Functional(torch::relu), torch::nn::MaxPool2d(2), torch::nn::Flatten(),
-                            torch::nn::Linear(32 * 8 * 8, 10));
-  return net;
-}
+torch::nn::Sequential cnn() { return nitro::bench::demo_cnn(); }
 
 void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
   torch::NoGradGuard no_grad;

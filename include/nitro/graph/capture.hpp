@@ -138,29 +138,23 @@ class Graph final : public at::cuda::CUDAGraph {
       (void)cudaGetLastError();
       // Each may have been done already (capture_end ends the routing first) or never begun: then it
       // throws, and there is nothing to undo.
-      try {
-        c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool);
-      } catch (...) {
-      }
-      try {
-        at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool);
-      } catch (...) {
-      }
-      try {
-        c10::cuda::CUDACachingAllocator::releasePool(device, pool);
-      } catch (...) {
-      }
-      try {
-        at::getHostAllocator(at::kCUDA)->release_pool(pool);
-      } catch (...) {
-      }
+      quietly([&] { c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool); });
+      quietly([&] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool); });
+      quietly([&] { c10::cuda::CUDACachingAllocator::releasePool(device, pool); });
+      quietly([&] { at::getHostAllocator(at::kCUDA)->release_pool(pool); });
     }
     (void)cudaGetLastError();
     // capture_begin put the generators in capture mode; only a capture_end that got that far takes them
     // out (its epilogue is not exported): else every later random draw would throw.
     for (auto& entry : captured_generator_states_) entry.first->capturing_ = false;
+    quietly([&] { reset(); });  // forgets the capture id; releases the pool only if capture_end ended the capture
+  }
+
+ private:
+  template <class F>
+  static void quietly(F&& f) noexcept {
     try {
-      reset();  // forgets the capture id; releases the pool only if capture_end had ended the capture
+      f();
     } catch (...) {
     }
   }
@@ -288,7 +282,7 @@ class CaptureImpl {
         ++eager_;
         return warm_up(parts, /*begun=*/true);
       }
-      return parts.finish(outputs<Parts>(*e));
+      return parts.finish(e->out);
     }
     return replay<Batch>(loop, parts, *e);
   }
@@ -303,7 +297,7 @@ class CaptureImpl {
     std::shared_ptr<const void> batch;        // the static batch (a Batch): what the graph reads
     std::vector<at::Tensor> inputs;           // its tensors, in for_each_tensor order
     std::vector<at::Tensor> grads;            // the gradients the graph writes, kept alive
-    at::Tensor loss, found_inf, grad_norm;    // the graph's outputs
+    DeviceStep out;                           // the graph's outputs
 #if NITRO_WITH_CUDA
     std::unique_ptr<Graph> graph;
 #endif
@@ -311,7 +305,7 @@ class CaptureImpl {
       captured = false;
       batch.reset();
       inputs.clear(), grads.clear();
-      loss = found_inf = grad_norm = at::Tensor();
+      out = {};
 #if NITRO_WITH_CUDA
       graph.reset();  // after the tensors above: its pool is released with it
 #endif
@@ -388,10 +382,6 @@ class CaptureImpl {
     bool requires_grad;
   };
 
-  template <class Parts>
-  static auto outputs(const Entry& e) {
-    return typename Parts::DeviceStep{e.loss, e.found_inf, e.grad_norm};
-  }
 
   // An eager step (on the side stream, where later captures run); `begun`: begin() was called.
   template <class Parts>
@@ -429,7 +419,7 @@ class CaptureImpl {
 #endif
     } else {
       try {
-        keep(e, parts.on_device(*statics));
+        e.out = parts.on_device(*statics);
       } catch (const optim::DeviceStepNotReady&) {
         e.drop();
         return false;
@@ -457,10 +447,6 @@ class CaptureImpl {
     return true;
   }
 
-  template <class Done>
-  static void keep(Entry& e, const Done& d) {
-    e.loss = d.loss, e.found_inf = d.found_inf, e.grad_norm = d.grad_norm;
-  }
 
   template <class Batch, class Loop, class Parts>
   StepResult replay(Loop& loop, Parts& parts, Entry& e) {
@@ -470,11 +456,11 @@ class CaptureImpl {
       e.graph->replay();
 #endif
     } else {
-      keep(e, parts.on_device(*static_cast<const Batch*>(e.batch.get())));
+      e.out = parts.on_device(*static_cast<const Batch*>(e.batch.get()));
       loop.optimizer().zero_grad(/*set_to_none=*/true);  // a graph's backward writes fresh gradients
     }
     ++replays_;
-    return parts.finish(outputs<Parts>(e));
+    return parts.finish(e.out);
   }
 
 #if NITRO_WITH_CUDA
@@ -508,7 +494,7 @@ class CaptureImpl {
       const SideStream on_side(current, side);
       try {
         graph->capture_begin(pool, cudaStreamCaptureModeThreadLocal);
-        keep(e, parts.on_device(statics));
+        e.out = parts.on_device(statics);
         graph->capture_end();
       } catch (const optim::DeviceStepNotReady&) {
         graph->abandon(side.stream(), device_.index(), pool);

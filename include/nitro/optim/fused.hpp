@@ -352,36 +352,35 @@ class Fused : public Base, public FusedStep {
   bool prepare_device_step() override {
     auto& self = static_cast<Self&>(*this);
     const auto& groups = this->param_groups();
-    auto& record = self.record_;
+    const auto& record = self.record_;
     bool intact = record.valid && groups.size() == record.options.size();
-    std::size_t count = 0;
+    // One pass over the parameters: every rate the kernels read from a tensor and every device step
+    // counter brought up to date (also those no capture used yet: a capture may not fill one), and the
+    // record's entries (in the groups' order) compared with what the optimizer holds now.
+    std::size_t count = 0, next = 0;
     for (std::size_t g = 0; g < groups.size(); ++g) {
-      count += groups[g].params().size();
-      if (intact) intact = same_but_lr(options_of<Options>(groups[g]), record.options[g]);
-    }
-    intact = intact && count == record.param_count;
-    // Every rate the kernels read from a tensor, up to date (also those no capture has used yet: a
-    // capture may not fill one). One pass over the parameters, one entry per (group, device).
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      const double lr = options_of<Options>(groups[g]).lr();
-      std::optional<c10::Device> last;
+      const auto& o = options_of<Options>(groups[g]);
+      intact = intact && same_but_lr(o, record.options[g]);
+      std::optional<c10::Device> last;  // each (group, device)'s rate once
       for (const auto& p : groups[g].params()) {
-        if (!p.device().is_cuda() || p.scalar_type() == at::kDouble || (last && *last == p.device())) continue;
-        last = p.device();
-        self.lrs_.get(g, p.device(), lr);
+        ++count;
+        if (p.device().is_cuda() && p.scalar_type() != at::kDouble && last != p.device()) {
+          last = p.device();
+          self.lrs_.get(g, p.device(), o.lr());
+        }
+        const auto* e = next < record.entries.size() && record.entries[next].param.is_same(p) ? &record.entries[next++]
+                                                                                               : nullptr;
+        const auto it = this->state().find(p.unsafeGetTensorImpl());
+        auto* state = it != this->state().end() ? it->second.get() : nullptr;
+        const at::Tensor* step = state != nullptr ? self.refresh(p, *state) : nullptr;  // Adam's counter
+        if (intact && e != nullptr)  // (SGD without momentum keeps no state)
+          intact = p.data_ptr() == e->data && (e->state == nullptr || (state == e->state && self.same_state(*state, *e))) &&
+                   (!e->step.defined() || (step != nullptr && step->is_same(e->step)));
       }
     }
+    intact = intact && count == record.param_count && next == record.entries.size();
     for (const auto& [g, lr] : record.baked_lrs)  // a rate the kernels took as a number is in the graph
       intact = intact && g < groups.size() && options_of<Options>(groups[g]).lr() == lr;
-    self.refresh_counters();
-    for (const auto& e : record.entries) {
-      if (!intact) break;
-      intact = e.param.data_ptr() == e.data;
-      if (intact && e.state != nullptr) {  // (SGD without momentum keeps none)
-        const auto it = this->state().find(e.param.unsafeGetTensorImpl());
-        intact = it != this->state().end() && it->second.get() == e.state && self.same_state(*e.state, e);
-      }
-    }
     return intact;
   }
   void advance_host(bool stepped) override {
@@ -532,20 +531,15 @@ class FusedAdamBase : public Fused<Self, Base, Options> {
     }
   }
 
-  // The device step counters of every parameter with state, brought up to date with the host's.
-  void refresh_counters() {
-    for (const auto& group : this->param_groups())
-      for (const auto& p : group.params()) {
-        const auto it = this->state().find(p.unsafeGetTensorImpl());
-        if (it != this->state().end() && it->second != nullptr)
-          (void)steps_.get(p, static_cast<State&>(*it->second).step());
-      }
+  // What prepare_device_step asks of each parameter with state: its device step counter up to date
+  // (returned), and whether its state tensors are those a captured step used.
+  const at::Tensor* refresh(const at::Tensor& p, torch::optim::OptimizerParamState& base) {
+    return &steps_.get(p, static_cast<State&>(base).step()).tensor;
   }
-  bool same_state(torch::optim::OptimizerParamState& base, const typename DeviceRecord<Options>::Entry& e) {
+  static bool same_state(torch::optim::OptimizerParamState& base, const typename DeviceRecord<Options>::Entry& e) {
     auto& s = static_cast<State&>(base);
     return s.exp_avg().is_same(e.first) && s.exp_avg_sq().is_same(e.second) &&
-           (!e.third.defined() || s.max_exp_avg_sq().is_same(e.third)) &&
-           steps_.get(e.param, s.step()).tensor.is_same(e.step);
+           (!e.third.defined() || s.max_exp_avg_sq().is_same(e.third));
   }
   static void advance(DeviceRecord<Options>& record) {
     for (auto& e : record.entries) {
@@ -696,7 +690,7 @@ class FusedSGD final : public detail::Fused<FusedSGD, torch::optim::SGD, torch::
   }
 
   // What prepare_device_step and advance_host ask (no step counters in SGD).
-  void refresh_counters() noexcept {}
+  static const at::Tensor* refresh(const at::Tensor&, torch::optim::OptimizerParamState&) noexcept { return nullptr; }
   static bool same_state(torch::optim::OptimizerParamState& base,
                          const detail::DeviceRecord<torch::optim::SGDOptions>::Entry& e) {
     return !e.first.defined() || static_cast<torch::optim::SGDParamState&>(base).momentum_buffer().is_same(e.first);

@@ -86,6 +86,15 @@ struct StepResult {
   std::string_view stop_reason{};
 };
 
+/// A training step done as device work alone (TrainingLoop::StepParts::on_device, for graph::Capture):
+/// device tensors, valid until the same work runs again (a captured graph's replay writes the same
+/// tensors).
+struct DeviceStep {
+  at::Tensor loss;       // the loss, detached
+  at::Tensor found_inf;  // float32 scalar, 1 when the step was skipped; undefined when it never is
+  at::Tensor grad_norm;  // clip::Norm's norm, or undefined
+};
+
 namespace detail {
 
 template <class P, class... Ps>

@@ -289,13 +289,6 @@ class TrainingLoop {
   template <class Batch, class LossFn>
   class StepParts {
    public:
-    /// The result of on_device(): device tensors, valid until the next on_device's work overwrites
-    /// them (a captured graph's replay writes the same tensors again).
-    struct DeviceStep {
-      at::Tensor loss;       // the loss, detached
-      at::Tensor found_inf;  // float32 scalar, 1 when the step was skipped; undefined when it never is
-      at::Tensor grad_norm;  // clip::Norm's norm, or undefined
-    };
     StepParts(TrainingLoop& loop, const Batch& batch, LossFn& loss_fn) : loop_(loop), batch_(batch), loss_fn_(loss_fn) {}
     const Batch& batch() const noexcept { return batch_; }
     /// The loop's own step of this batch (or of `batch`): every hook point called, as without the hook.
@@ -310,11 +303,7 @@ class TrainingLoop {
     /// gradients stay in the parameters' .grad. Needs a fused optimizer (optim/fused.hpp).
     DeviceStep on_device(const Batch& batch) { return loop_.device_step(batch, loss_fn_); }
     /// Before a step done by replaying on_device's work: the hooks' on_step_begin.
-    void begin() {
-      loop_.each_hook([&](auto& h) {
-        if constexpr (detail::HasStepBegin<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.on_step_begin(loop_);
-      });
-    }
+    void begin() { loop_.begin_step(); }
     /// After it: the one host decision (found_inf read, when defined, as an eager step reads it), the
     /// counters (the loop's, the optimizer's host step), the loss scale copied, the hooks'
     /// after_optimizer_step and on_step_end. `done` holds the device tensors of the step.
@@ -326,9 +315,6 @@ class TrainingLoop {
     LossFn& loss_fn_;
   };
 
-  /// The model's device (the first parameter's).
-  const c10::Device& device() const noexcept { return device_; }
-
  private:
   template <class Batch, class LossFn>
   StepResult eager_step(const Batch& batch, LossFn& loss_fn, bool begun = false) {
@@ -337,11 +323,7 @@ class TrainingLoop {
     if constexpr (detail::SplitsOnOom<Accumulation> || wants_rows) rows = detail::batch_rows(batch);
     StepResult result;
     try {
-      if (!begun) {
-        each_hook([&](auto& h) {
-          if constexpr (detail::HasStepBegin<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.on_step_begin(*this);
-        });
-      }
+      if (!begun) begin_step();
       if constexpr (detail::SplitsOnOom<Accumulation>) {
         result.loss = split_forward_backward(batch, rows, loss_fn);
       } else {
@@ -354,10 +336,19 @@ class TrainingLoop {
     }
     ++micro_;
     if (micro_ >= window_) optimizer_step(result);
+    end_step(result, rows);
+    return result;
+  }
+
+  void begin_step() {
+    each_hook([&](auto& h) {
+      if constexpr (detail::HasStepBegin<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.on_step_begin(*this);
+    });
+  }
+  void end_step(StepResult& result, [[maybe_unused]] std::int64_t rows) {
     each_hook([&](auto& h) {
       if constexpr (detail::HasStepEnd<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.on_step_end(*this, result, rows);
     });
-    return result;
   }
 
  public:
@@ -668,108 +659,40 @@ class TrainingLoop {
     micro_ = 0;
   }
 
-  void optimizer_step(StepResult& result) {
-    try {
-      grads_.assign(params_);
-      at::Tensor found_inf;
-      [[maybe_unused]] bool scaled = false;  // gradients left scaled for the fused kernel to unscale
-      if constexpr (Amp::scales_loss) {
-        if (fold_scaler()) {
-          NITRO_CHECK(scaler_.scale_tensor().defined(), "TrainingLoop: the optimizer step came before any loss was scaled");
-          grads_.for_each(detail::check_unscalable);
-          found_inf = detail::nonfinite_flag(grads_, scaler_.scale_tensor().device());
-          scaled = true;
-        } else {
-          found_inf = scaler_.unscale(grads_);
-        }
+  // The gradients of a full window, checked for inf/NaN where a policy needs it and unscaled (or
+  // left scaled for a fused kernel to unscale), then seen by the hooks (clipping): how the eager and
+  // the device-only step both begin. The gradient lists are released again.
+  struct CheckedGrads {
+    at::Tensor found_inf;                 // undefined when nothing checks
+    const at::Tensor* scale = nullptr;    // the loss scale the fused kernel divides by (folded)
+  };
+  CheckedGrads check_grads(StepResult& result) {
+    grads_.assign(params_);
+    CheckedGrads c;
+    if constexpr (Amp::scales_loss) {
+      if (fold_scaler()) {
+        NITRO_CHECK(scaler_.scale_tensor().defined(), "TrainingLoop: the optimizer step came before any loss was scaled");
+        grads_.for_each(detail::check_unscalable);
+        c.found_inf = detail::nonfinite_flag(grads_, scaler_.scale_tensor().device());
+        c.scale = &scaler_.scale_tensor();
       } else {
-        if (o_.skip_nonfinite) found_inf = detail::nonfinite_flag(grads_, device_);
+        c.found_inf = scaler_.unscale(grads_);
       }
-      each_hook([&](auto& h) {
-        if constexpr (detail::HasBeforeOptimizerStep<std::remove_cvref_t<decltype(h)>, TrainingLoop>)
-          h.before_optimizer_step(*this, grads_, result);
-      });
-      grads_.release();  // zero_grad below must be able to free them
-      // The one host decision of a step, where a policy needs it.
-      const bool skip = found_inf.defined() && found_inf.item<float>() > 0.0f;
-      if (!skip) {
-        if constexpr (Amp::scales_loss) {
-          if (scaled) fused_->step_scaled(scaler_.scale_tensor());
-          else optimizer_->step();
-        } else {
-          optimizer_->step();
-        }
-      }
-      if constexpr (Amp::scales_loss) {
-        scaler_.update(found_inf);
-        result.loss_scale = scaler_.scale_tensor().clone();  // the live scale changes in place later
-      }
-      optimizer_->zero_grad(/*set_to_none=*/true);
-      ++steps_;
-      skipped_ += skip ? 1 : 0;
-      result.stepped = !skip;
-      result.skipped = skip;
-    } catch (...) {
-      drop_window();
-      throw;
+    } else {
+      if (o_.skip_nonfinite) c.found_inf = detail::nonfinite_flag(grads_, device_);
     }
-    micro_ = 0;
-    // The run's state is whole here (what a snapshot saves); a hook that throws now leaves it so.
     each_hook([&](auto& h) {
-      if constexpr (detail::HasAfterOptimizerStep<std::remove_cvref_t<decltype(h)>, TrainingLoop>)
-        h.after_optimizer_step(*this, result);
+      if constexpr (detail::HasBeforeOptimizerStep<std::remove_cvref_t<decltype(h)>, TrainingLoop>)
+        h.before_optimizer_step(*this, grads_, result);
     });
+    grads_.release();  // zero_grad must be able to free them
+    return c;
   }
 
-  // StepParts::on_device: a step as device work only (see there).
-  template <class Batch, class LossFn>
-  typename StepParts<Batch, LossFn>::DeviceStep device_step(const Batch& batch, LossFn& loss_fn) {
-    NITRO_CHECK(fused_ != nullptr, "TrainingLoop: a step done on the device alone (graph::Capture) needs a fused "
-                "optimizer, nitro::optim::FusedAdam, FusedAdamW or FusedSGD (optim/fused.hpp): torch::optim's optimizers "
-                "keep the step count and the bias correction on the host");
-    static_assert(!Accumulation::enabled && !Checkpoint::enabled,
-                  "TrainingLoop: a step done on the device alone takes accumulate::Off and checkpoint::Off");
-    typename StepParts<Batch, LossFn>::DeviceStep done;
-    try {
-      done.loss = forward_backward(batch, loss_fn, 1.0, /*call_hooks=*/false);
-      grads_.assign(params_);
-      const at::Tensor* scale = nullptr;  // the kernels unscale (amp::Fp16, nothing reads the gradients first)
-      if constexpr (Amp::scales_loss) {
-        if (fold_scaler()) {
-          NITRO_CHECK(scaler_.scale_tensor().defined(), "TrainingLoop: the optimizer step came before any loss was scaled");
-          grads_.for_each(detail::check_unscalable);
-          done.found_inf = detail::nonfinite_flag(grads_, scaler_.scale_tensor().device());
-          scale = &scaler_.scale_tensor();
-        } else {
-          done.found_inf = scaler_.unscale(grads_);
-        }
-      } else {
-        if (o_.skip_nonfinite) done.found_inf = detail::nonfinite_flag(grads_, device_);
-      }
-      StepResult clipped;
-      each_hook([&](auto& h) {
-        if constexpr (detail::HasBeforeOptimizerStep<std::remove_cvref_t<decltype(h)>, TrainingLoop>)
-          h.before_optimizer_step(*this, grads_, clipped);
-      });
-      done.grad_norm = clipped.grad_norm;
-      grads_.release();
-      fused_->step_on_device(scale, done.found_inf);
-      if constexpr (Amp::scales_loss) scaler_.update(done.found_inf);
-    } catch (...) {
-      drop_window();
-      throw;
-    }
-    return done;
-  }
-
-  template <class Batch, class Done>
-  StepResult finish_device_step(const Batch& batch, const Done& done) {
-    StepResult result;
-    result.loss = done.loss.clone();  // the next replay writes the same tensor again
-    result.grad_norm = done.grad_norm.defined() ? done.grad_norm.clone() : at::Tensor();
-    const bool skip = done.found_inf.defined() && done.found_inf.template item<float>() > 0.0f;
-    fused_->advance_host(!skip);
-    if constexpr (Amp::scales_loss) result.loss_scale = scaler_.scale_tensor().clone();
+  // After an optimizer step taken or skipped (and the loss scale copied into the result): the
+  // counters, the hooks' after_optimizer_step (the run's state is whole here, as a snapshot needs; a
+  // hook that throws now leaves it so).
+  void count_step(StepResult& result, bool skip) {
     ++steps_;
     skipped_ += skip ? 1 : 0;
     result.stepped = !skip;
@@ -779,11 +702,71 @@ class TrainingLoop {
       if constexpr (detail::HasAfterOptimizerStep<std::remove_cvref_t<decltype(h)>, TrainingLoop>)
         h.after_optimizer_step(*this, result);
     });
+  }
+
+  void optimizer_step(StepResult& result) {
+    bool skip = false;
+    try {
+      const CheckedGrads c = check_grads(result);
+      // The one host decision of a step, where a policy needs it.
+      skip = c.found_inf.defined() && c.found_inf.template item<float>() > 0.0f;
+      if (!skip) {
+        if constexpr (Amp::scales_loss) {
+          if (c.scale != nullptr) fused_->step_scaled(*c.scale);
+          else optimizer_->step();
+        } else {
+          optimizer_->step();
+        }
+      }
+      if constexpr (Amp::scales_loss) {
+        scaler_.update(c.found_inf);
+        result.loss_scale = scaler_.scale_tensor().clone();  // the live scale changes in place later
+      }
+      optimizer_->zero_grad(/*set_to_none=*/true);
+    } catch (...) {
+      drop_window();
+      throw;
+    }
+    count_step(result, skip);
+  }
+
+  // StepParts::on_device: a step as device work only (see there).
+  template <class Batch, class LossFn>
+  DeviceStep device_step(const Batch& batch, LossFn& loss_fn) {
+    NITRO_CHECK(fused_ != nullptr, "TrainingLoop: a step done on the device alone (graph::Capture) needs a fused "
+                "optimizer, nitro::optim::FusedAdam, FusedAdamW or FusedSGD (optim/fused.hpp): torch::optim's optimizers "
+                "keep the step count and the bias correction on the host");
+    static_assert(!Accumulation::enabled && !Checkpoint::enabled,
+                  "TrainingLoop: a step done on the device alone takes accumulate::Off and checkpoint::Off");
+    DeviceStep done;
+    try {
+      done.loss = forward_backward(batch, loss_fn, 1.0, /*call_hooks=*/false);
+      StepResult clipped;
+      const CheckedGrads c = check_grads(clipped);
+      done.found_inf = c.found_inf;
+      done.grad_norm = clipped.grad_norm;
+      fused_->step_on_device(c.scale, c.found_inf);
+      if constexpr (Amp::scales_loss) scaler_.update(c.found_inf);
+    } catch (...) {
+      drop_window();
+      throw;
+    }
+    return done;
+  }
+
+  // StepParts::finish: the host's part of a step done on the device.
+  template <class Batch>
+  StepResult finish_device_step(const Batch& batch, const DeviceStep& done) {
+    StepResult result;
+    result.loss = done.loss.clone();  // the next replay writes the same tensor again
+    if (done.grad_norm.defined()) result.grad_norm = done.grad_norm.clone();
+    const bool skip = done.found_inf.defined() && done.found_inf.item<float>() > 0.0f;
+    fused_->advance_host(!skip);
+    if constexpr (Amp::scales_loss) result.loss_scale = scaler_.scale_tensor().clone();
+    count_step(result, skip);
     [[maybe_unused]] std::int64_t rows = -1;
     if constexpr (wants_rows) rows = detail::batch_rows(batch);
-    each_hook([&](auto& h) {
-      if constexpr (detail::HasStepEnd<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.on_step_end(*this, result, rows);
-    });
+    end_step(result, rows);
     return result;
   }
 
