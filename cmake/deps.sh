@@ -94,6 +94,11 @@ if [ -z "$torch_prefix" ]; then
   fi
 fi
 
+# torchrun, the launcher of runs of several processes (README, "More than one process").
+if [ -n "$torch_python" ] && [ -x "$(dirname "$torch_python")/torchrun" ]; then
+  say "torchrun: $(dirname "$torch_python")/torchrun"
+fi
+
 # ---- doctest, GSL, zlib -------------------------------------------------------------------------------
 have_config() { # package config file name -> found in the usual prefixes?
   local roots=(/usr /usr/local)
@@ -119,6 +124,26 @@ if ((${#missing[@]})); then
   fi
 fi
 
+# ---- gloo's headers, for nitro::dist (declarations only; see include/nitro/dist/process_group.hpp) -----
+# Debian's libgloo-dev, unpacked into the cache: nothing installed, nothing linked (libtorch_cpu carries
+# its own gloo). Without them nitro::dist has no Gloo groups, and the tests that need one are skipped.
+gloo_include=""
+if [ -e /usr/include/gloo/rendezvous/store.h ]; then
+  gloo_include=/usr/include
+else
+  gloo_cache=$cache/gloo-headers
+  if [ ! -f "$gloo_cache/.nitro-complete" ] && command -v apt-get >/dev/null && command -v dpkg >/dev/null; then
+    say "fetching libgloo-dev's headers into $gloo_cache (apt-get download; nothing is installed)"
+    rm -rf "$gloo_cache" && mkdir -p "$gloo_cache/deb"
+    fetch_gloo() { (cd "$gloo_cache/deb" && apt-get download libgloo-dev >&2 2>/dev/null); }
+    if fetch_gloo || { [ "$(id -u)" = 0 ] && apt-get update >&2 && fetch_gloo; }; then
+      dpkg -x "$gloo_cache"/deb/libgloo-dev_*.deb "$gloo_cache/root" && touch "$gloo_cache/.nitro-complete"
+    fi
+    [ -f "$gloo_cache/.nitro-complete" ] || say "note: could not fetch libgloo-dev; nitro::dist will have no Gloo groups"
+  fi
+  [ -f "$gloo_cache/.nitro-complete" ] && gloo_include=$gloo_cache/root/usr/include
+fi
+
 # ---- Conan (packaging test only) -------------------------------------------------------------------
 conan=""
 if ((with_conan)); then
@@ -135,6 +160,7 @@ mkdir -p "$(dirname "$out")"
 {
   echo "# written by cmake/deps.sh; do not edit"
   echo "set(CMAKE_PREFIX_PATH \"$torch_prefix\" CACHE STRING \"\" FORCE)"
+  [ -n "$gloo_include" ] && echo "set(NITRO_GLOO_INCLUDE_DIR \"$gloo_include\" CACHE PATH \"gloo's headers (declarations only)\" FORCE)"
   [ -n "$conan" ] && echo "set(NITRO_CONAN \"$conan\" CACHE FILEPATH \"\" FORCE)"
   echo "set(NITRO_PYTHON \"$torch_python\" CACHE FILEPATH \"a python that imports the same torch (reference tests)\" FORCE)"
 } >"$out.tmp" && mv "$out.tmp" "$out"

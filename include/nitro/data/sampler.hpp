@@ -54,6 +54,9 @@ struct SamplerState {
   std::int64_t index = 0;
   std::int64_t size = 0;
   bool shuffle = true;
+  /// Readers sharing each epoch's order (dist::DistributedSampler: the world size); 1 when alone. A
+  /// state resumes only into a sampler with as many shards.
+  std::int64_t shards = 1;
   friend bool operator==(const SamplerState&, const SamplerState&) = default;
 };
 
@@ -115,15 +118,32 @@ class ResumableSampler : public torch::data::samplers::Sampler<> {
     std::uint64_t seed = 0;
     /// false: each epoch reads 0, 1, ..., size - 1.
     bool shuffle = true;
+    /// Sharding (dist::DistributedSampler sets these from the process group): this sampler reads
+    /// positions shard, shard + shards, shard + 2 * shards, ... of each epoch's order, so that the
+    /// shards are disjoint and together cover the epoch. The order is padded by repeating its start up
+    /// to a multiple of `shards` (every shard reads ceil(size / shards) samples, as PyTorch's
+    /// DistributedSampler), or cut to one (drop_last: floor(size / shards)).
+    std::int64_t shard = 0;
+    std::int64_t shards = 1;
+    bool drop_last = false;
   };
 
   explicit ResumableSampler(std::size_t size) : ResumableSampler(size, Options{}) {}
   ResumableSampler(std::size_t size, Options options) : impl_(std::make_shared<Impl>()) {
     NITRO_CHECK(size > 0, "nitro::data::ResumableSampler: size is 0; give the number of samples in the data set "
                 "(dataset.size().value()), >= 1");
+    NITRO_CHECK(options.shards >= 1 && options.shard >= 0 && options.shard < options.shards,
+                "nitro::data::ResumableSampler: shard must be in [0, shards) and shards >= 1, got shard ", options.shard,
+                " of ", options.shards);
+    NITRO_CHECK(!options.drop_last || static_cast<std::int64_t>(size) >= options.shards,
+                "nitro::data::ResumableSampler: drop_last with ", size, " samples over ", options.shards,
+                " shards leaves each shard nothing; use fewer shards or drop_last = false");
     impl_->size = static_cast<std::int64_t>(size);
     impl_->seed = options.seed;
     impl_->shuffle = options.shuffle;
+    impl_->shard = options.shard;
+    impl_->shards = options.shards;
+    impl_->drop_last = options.drop_last;
   }
   // Copies share the state; a move copies too, so that no handle is ever left without a state.
   ResumableSampler(const ResumableSampler&) = default;
@@ -161,14 +181,15 @@ class ResumableSampler : public torch::data::samplers::Sampler<> {
     std::lock_guard guard(impl_->mutex);
     Impl& s = *impl_;
     s.keep_position = false;
-    if (s.claimed >= s.size) return std::nullopt;
-    const std::int64_t count = std::min(static_cast<std::int64_t>(batch_size), s.size - s.claimed);
+    const std::int64_t length = s.length();
+    if (s.claimed >= length) return std::nullopt;
+    const std::int64_t count = std::min(static_cast<std::int64_t>(batch_size), length - s.claimed);
     std::vector<std::size_t> batch(static_cast<std::size_t>(count));
-    if (s.shuffle) {
-      s.ensure_order();
-      std::copy_n(s.order.begin() + s.claimed, count, batch.begin());
-    } else {
-      for (std::int64_t i = 0; i < count; ++i) batch[static_cast<std::size_t>(i)] = static_cast<std::size_t>(s.claimed + i);
+    if (s.shuffle) s.ensure_order();
+    for (std::int64_t i = 0; i < count; ++i) {
+      // Position k of this shard is position k * shards + shard of the (padded) epoch order.
+      const auto at = static_cast<std::size_t>(((s.claimed + i) * s.shards + s.shard) % s.size);
+      batch[static_cast<std::size_t>(i)] = s.shuffle ? s.order[at] : at;
     }
     s.claimed += count;
     if (s.deferred)
@@ -178,7 +199,7 @@ class ResumableSampler : public torch::data::samplers::Sampler<> {
     return batch;
   }
 
-  /// Writes seed, epoch, index (delivered), size and shuffle.
+  /// Writes seed, epoch, index (delivered), size and shuffle (and shards when sharded).
   void save(torch::serialize::OutputArchive& archive) const override {
     const SamplerState st = state();
     archive.write("seed", c10::IValue(static_cast<std::int64_t>(st.seed)));  // bit pattern kept
@@ -186,6 +207,7 @@ class ResumableSampler : public torch::data::samplers::Sampler<> {
     archive.write("index", c10::IValue(st.index));
     archive.write("size", c10::IValue(st.size));
     archive.write("shuffle", c10::IValue(st.shuffle));
+    if (st.shards != 1) archive.write("shards", c10::IValue(st.shards));
   }
 
   /// Reads what save() wrote and load_state()s it (checked: nothing changes if it does not fit).
@@ -211,6 +233,12 @@ class ResumableSampler : public torch::data::samplers::Sampler<> {
     NITRO_CHECK(shuffle.isBool(), "nitro::data::ResumableSampler::load: 'shuffle' is a ", shuffle.tagKind(),
                 ", not a bool; load an archive written by ResumableSampler::save");
     st.shuffle = shuffle.toBool();
+    c10::IValue shards;
+    if (archive.try_read("shards", shards)) {
+      NITRO_CHECK(shards.isInt(), "nitro::data::ResumableSampler::load: 'shards' is a ", shards.tagKind(),
+                  ", not an integer; load an archive written by ResumableSampler::save");
+      st.shards = shards.toInt();
+    }
     load_state(st);
   }
 
@@ -230,12 +258,17 @@ class ResumableSampler : public torch::data::samplers::Sampler<> {
     std::lock_guard guard(impl_->mutex);
     return static_cast<std::size_t>(impl_->size);
   }
+  /// Samples this sampler reads per epoch: size(), or its shard's share (see Options::shards).
+  [[nodiscard]] std::size_t length() const {
+    std::lock_guard guard(impl_->mutex);
+    return static_cast<std::size_t>(impl_->length());
+  }
 
   /// The state to save: index counts the samples delivered to the consumer.
   [[nodiscard]] SamplerState state() const {
     std::lock_guard guard(impl_->mutex);
     const Impl& s = *impl_;
-    return {.seed = s.seed, .epoch = s.epoch, .index = s.delivered, .size = s.size, .shuffle = s.shuffle};
+    return {.seed = s.seed, .epoch = s.epoch, .index = s.delivered, .size = s.size, .shuffle = s.shuffle, .shards = s.shards};
   }
 
   /// Continues from `saved`: the next batch starts at its index. Throws nitro::Error naming the field
@@ -244,20 +277,37 @@ class ResumableSampler : public torch::data::samplers::Sampler<> {
   void load_state(const SamplerState& saved) {
     std::lock_guard guard(impl_->mutex);
     Impl& s = *impl_;
-    NITRO_CHECK(saved.size == s.size, "nitro::data::ResumableSampler::load_state: size is ", saved.size,
-                " in the saved state but ", s.size, " in this sampler; load it into a sampler over the data set "
-                "it was saved with");
-    NITRO_CHECK(saved.index >= 0 && saved.index <= saved.size, "nitro::data::ResumableSampler::load_state: index is ",
-                saved.index, " in the saved state (this sampler's is ", s.delivered, "), outside [0, ", saved.size,
-                "]; the saved state is corrupt");
-    NITRO_CHECK(saved.epoch >= 0, "nitro::data::ResumableSampler::load_state: epoch is ", saved.epoch,
-                " in the saved state (this sampler's is ", s.epoch, "), but must be >= 0; the saved state is corrupt");
+    check(s, saved);
     s.seed = saved.seed;
     s.shuffle = saved.shuffle;
     s.epoch = saved.epoch;
     s.restart_at(saved.index);
     s.keep_position = true;
   }
+
+  /// Throws what load_state(saved) would throw, changing nothing.
+  void check_state(const SamplerState& saved) const {
+    std::lock_guard guard(impl_->mutex);
+    check(*impl_, saved);
+  }
+
+ private:
+  struct Impl;
+  static void check(const Impl& s, const SamplerState& saved) {
+    NITRO_CHECK(saved.shards == s.shards, "nitro::data::ResumableSampler::load_state: the state was saved by a "
+                "sampler read in ", saved.shards, " shards (processes), but this one is 1 of ", s.shards,
+                "; resume with the same world size");
+    NITRO_CHECK(saved.size == s.size, "nitro::data::ResumableSampler::load_state: size is ", saved.size,
+                " in the saved state but ", s.size, " in this sampler; load it into a sampler over the data set "
+                "it was saved with");
+    NITRO_CHECK(saved.index >= 0 && saved.index <= s.length(), "nitro::data::ResumableSampler::load_state: index is ",
+                saved.index, " in the saved state (this sampler's is ", s.delivered, "), outside [0, ", s.length(),
+                "]; the saved state is corrupt");
+    NITRO_CHECK(saved.epoch >= 0, "nitro::data::ResumableSampler::load_state: epoch is ", saved.epoch,
+                " in the saved state (this sampler's is ", s.epoch, "), but must be >= 0; the saved state is corrupt");
+  }
+
+ public:
 
   /// Deferred delivery (from_dataset turns it on): next() only claims; delivered() and rewind() say
   /// what became of the claimed batches. Switching drops the claimed, undelivered batches.
@@ -299,6 +349,8 @@ class ResumableSampler : public torch::data::samplers::Sampler<> {
     std::deque<std::int64_t> pending;  // sizes of the claimed, undelivered batches, oldest first
     bool deferred = false;
     bool keep_position = false;  // the next reset() keeps the position (after load_state or a rewind)
+    std::int64_t shard = 0, shards = 1;
+    bool drop_last = false;
     std::vector<std::size_t> order;  // (order_seed, order_epoch)'s, computed on first use
     std::uint64_t order_seed = 0;
     std::int64_t order_epoch = -1;
@@ -310,7 +362,12 @@ class ResumableSampler : public torch::data::samplers::Sampler<> {
     void rewind() {
       restart_at(delivered);
       // A reader stopped mid-epoch: the next source over this sampler continues from here.
-      if (delivered > 0 && delivered < size) keep_position = true;
+      if (delivered > 0 && delivered < length()) keep_position = true;
+    }
+    // Samples per epoch for this shard.
+    std::int64_t length() const {
+      if (shards == 1) return size;
+      return drop_last ? size / shards : (size + shards - 1) / shards;
     }
     void ensure_order() {
       if (order_seed == seed && order_epoch == epoch && static_cast<std::int64_t>(order.size()) == size) return;

@@ -47,6 +47,7 @@
 // of one byte order, and from GPU to CPU and back (tensors are loaded onto the device of the live
 // tensor they replace).
 #include <nitro/core/error.hpp>
+#include <nitro/core/rank.hpp>
 #include <nitro/core/state_dict.hpp>
 #include <nitro/data/sampler.hpp>
 #include <nitro/io/file.hpp>
@@ -992,12 +993,14 @@ inline StateDict sampler_part(const data::SamplerState& s) {
   d.integers["index"] = s.index;
   d.integers["size"] = s.size;
   d.integers["shuffle"] = s.shuffle ? 1 : 0;
+  if (s.shards != 1) d.integers["shards"] = s.shards;
   return d;
 }
 inline data::SamplerState sampler_state(const StateDict& d) {
   constexpr std::string_view owner = "nitro::snapshot: part \"data\"";
+  const auto shards = d.integers.find("shards");  // written by sharded samplers only
   return {static_cast<std::uint64_t>(d.integer("seed", owner)), d.integer("epoch", owner), d.integer("index", owner),
-          d.integer("size", owner), d.integer("shuffle", owner) != 0};
+          d.integer("size", owner), d.integer("shuffle", owner) != 0, shards == d.integers.end() ? 1 : shards->second};
 }
 
 /// A loop, seen by save and load through its state (so that this header needs no TrainingLoop type).
@@ -1140,10 +1143,8 @@ inline Manifest load(const std::filesystem::path& file, const Contents& c, const
   reader.verify_unread();  // every part's checksum, those not loaded too, before anything changes
   // The sampler checks its state against itself without changing it; then a copy is loaded below.
   if (sampler) {
-    const data::SamplerState now = c.sampler->state();
-    data::ResumableSampler probe(static_cast<std::size_t>(now.size), {.seed = now.seed, .shuffle = now.shuffle});
     try {
-      probe.load_state(*sampler);
+      c.sampler->check_state(*sampler);
     } catch (const Error& e) {
       ::nitro::detail::fail("nitro::snapshot: ", file.string(), ": part \"data\": ", e.what());
     }
@@ -1312,7 +1313,11 @@ struct SignalHandlers {
 /// Files are named by snapshot::file_name(step, micro-batch). After each new snapshot is safely
 /// written, older ones beyond keep_last are removed: only files older than the new one (never the
 /// new one, nor a newer one another run left: latest() picks by step, so move those away when you
-/// resume from an older snapshot on purpose). One writer per directory.
+/// resume from an older snapshot on purpose). One writer per directory: with several processes
+/// (dist::ProcessGroup, made before the policy; core/rank.hpp) rank 0 writes, as every rank holds the
+/// same parameters and optimizer state under dist::DataParallel (buffers such as BatchNorm's statistics
+/// are rank 0's, which DataParallel broadcasts before each synchronised forward), and the other ranks'
+/// policies only keep time; every rank resumes from rank 0's file.
 class Policy {
  public:
   using family = nitro::family::Hook;
@@ -1349,7 +1354,8 @@ class Policy {
     NITRO_CHECK(std::filesystem::is_directory(o_.directory), "snapshot::Policy: cannot create the directory ",
                 o_.directory.string(), ": ", ec ? ec.message() : "a file of that name is in the way",
                 "; give a writable directory");
-    remove_temporary_files(o_.directory);  // one writer per directory: a killed run's leftovers
+    // One writer per directory (rank 0 of several processes): a killed run's leftovers.
+    if (nitro::is_main_process()) remove_temporary_files(o_.directory);
     if (o_.on_signal) {
       seen_ = detail::signals_caught.load(std::memory_order_acquire);
       detail::SignalHandlers::get().acquire();
@@ -1391,7 +1397,8 @@ class Policy {
     std::filesystem::path file = o_.directory / file_name(step, micro);
     // Saved already in this very step (by steps, then on a signal): the state has not changed since.
     const std::array<std::int64_t, 3> key{step, micro, steps_ended_};
-    if (key != saved_at_) {
+    // With several processes rank 0 writes (every rank holds the same state); the others name the file.
+    if (key != saved_at_ && nitro::is_main_process()) {
       snapshot::save(file, loop, {.sampler = o_.sampler, .extras = o_.extras}, {.fsync = o_.fsync});
       ++written_;
       saved_at_ = key;
@@ -1402,7 +1409,7 @@ class Policy {
     return file;
   }
 
-  /// The last snapshot this policy wrote, if any.
+  /// The last snapshot this policy wrote, if any (on a rank other than 0: the one rank 0 wrote then).
   [[nodiscard]] const std::optional<std::filesystem::path>& last_snapshot() const noexcept { return last_; }
   /// Snapshots written so far.
   [[nodiscard]] std::int64_t snapshots_written() const noexcept { return written_; }

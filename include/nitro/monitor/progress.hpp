@@ -25,6 +25,7 @@
 // update() costs one compare of n, one add, one clock read and one compare while no draw is due.
 // Not thread-safe: update a bar from one thread.
 #include <nitro/core/error.hpp>
+#include <nitro/core/rank.hpp>
 
 #include <ATen/core/Tensor.h>
 
@@ -46,6 +47,9 @@ namespace nitro::monitor {
 
 /// How a ProgressBar counts, reads the loss and draws.
 struct ProgressOptions {
+  /// Draw in every process; false: only in rank 0 (nitro::is_main_process(), core/rank.hpp), the
+  /// others count silently, so that a run of several processes shows one bar.
+  bool every_rank = false;
   /// Expected number of units (steps, samples); 0: unknown, then no percentage, bar or ETA.
   std::int64_t total = 0;
   /// Shown first on the line.
@@ -130,7 +134,10 @@ class ProgressBar {
     NITRO_CHECK(o.width >= 0, "ProgressBar: width must be >= 0 (0: the terminal's width), got ", o.width);
     terminal_ = o.terminal.value_or(::isatty(::fileno(o.stream)) == 1);
     start_ = now_s();
-    if (terminal_) {
+    if (!o.every_rank && !nitro::is_main_process()) {  // another rank draws: count, never draw
+      closed_ = true;
+      next_draw_ = std::numeric_limits<double>::infinity();
+    } else if (terminal_) {
       draw(start_);
     } else {
       next_draw_ = start_ + o.plain_every_s;

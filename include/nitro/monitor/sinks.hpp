@@ -16,6 +16,7 @@
 // same value (std::to_chars). Opening a path that cannot be written throws nitro::Error naming the
 // path and the system's reason. Not thread-safe: write from one thread, or guard the sink.
 #include <nitro/core/error.hpp>
+#include <nitro/core/rank.hpp>
 
 #include <unistd.h>
 
@@ -57,6 +58,9 @@ struct SinkOptions {
   bool append = false;
   /// fsync the file every this many rows, and at close; 0: never (fflush only).
   std::int64_t fsync_every = 0;
+  /// Write in every process (give each its own path); false: only rank 0 (nitro::is_main_process(),
+  /// core/rank.hpp) opens and writes the file, the other ranks' sinks write nothing.
+  bool every_rank = false;
 };
 
 /// What Sinks<S...> needs of each sink.
@@ -94,6 +98,10 @@ class LineFile {
                 options_.fsync_every);
     NITRO_CHECK(!path_.empty(), sink_, ": the path is empty; name the file to write, e.g. \"metrics.", sink_ext(),
                 "\"");
+    if (!options_.every_rank && !nitro::is_main_process()) {  // rank 0 writes this file
+      inert_ = true;
+      return;
+    }
     std::error_code ec;
     if (std::filesystem::is_directory(path_, ec)) {
       fail_open(EISDIR);
@@ -131,7 +139,8 @@ class LineFile {
         rows_(other.rows_),
         existing_bytes_(other.existing_bytes_),
         partial_line_(other.partial_line_),
-        first_line_(std::move(other.first_line_)) {}
+        first_line_(std::move(other.first_line_)),
+        inert_(other.inert_) {}
   LineFile& operator=(LineFile&& other) noexcept {
     if (this != &other) {
       close_quietly();
@@ -143,6 +152,7 @@ class LineFile {
       existing_bytes_ = other.existing_bytes_;
       partial_line_ = other.partial_line_;
       first_line_ = std::move(other.first_line_);
+      inert_ = other.inert_;
     }
     return *this;
   }
@@ -156,6 +166,7 @@ class LineFile {
   }
 
   void put(const std::string& text) {
+    if (inert_) return;
     NITRO_CHECK(file_ != nullptr, sink_, ": write after close() of '", path_.string(), "'; open a new sink");
     if (partial_line_) [[unlikely]] {  // a crash cut the last line short: start a new one
       partial_line_ = false;
@@ -251,6 +262,7 @@ class LineFile {
   std::int64_t existing_bytes_ = 0;
   bool partial_line_ = false;
   std::string first_line_;
+  bool inert_ = false;  // another rank writes the file
 };
 
 /// What CsvSink and JsonLinesSink share: the file, flush, close, path, rows.

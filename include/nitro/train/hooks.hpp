@@ -35,6 +35,9 @@
 //   on_step_end(Loop&, StepResult&, std::int64_t rows)     end of every micro-batch; rows (size of
 //                                                          dimension 0 of the batch) is counted only when
 //                                                          a hook says `static constexpr bool wants_batch_rows = true`
+//   before_flush(Loop&)                                    flush() is about to step on a partial window:
+//                                                          its gradients are in .grad, not yet rescaled
+//                                                          (dist::DataParallel averages them here)
 //   StateDict state_dict() const / void load_state_dict(const StateDict&)
 //                                                          part of the loop's State (and so of snapshots)
 //   run_step(Loop&, Loop::StepParts<Batch, LossFn>&) -> StepResult
@@ -212,6 +215,8 @@ template <class H, class Loop>
 concept HasAfterOptimizerStep = requires(H& h, Loop& l, StepResult& r) { h.after_optimizer_step(l, r); };
 template <class H, class Loop>
 concept HasStepEnd = requires(H& h, Loop& l, StepResult& r, std::int64_t rows) { h.on_step_end(l, r, rows); };
+template <class H, class Loop>
+concept HasBeforeFlush = requires(H& h, Loop& l) { h.before_flush(l); };
 template <class H>
 concept HasState = requires(const H& ch, H& h, const StateDict& s) {
   { ch.state_dict() } -> std::convertible_to<StateDict>;
@@ -256,7 +261,7 @@ concept RunsSteps = requires { requires static_cast<bool>(H::runs_steps); };
 template <class H, class Loop>
 inline constexpr bool has_any_hook = RunsSteps<H> || HasStepBegin<H, Loop> || HasAfterForward<H, Loop> || HasAfterBackward<H, Loop> ||
                                      HasBeforeOptimizerStep<H, Loop> || HasAfterOptimizerStep<H, Loop> ||
-                                     HasStepEnd<H, Loop> || HasState<H>;
+                                     HasStepEnd<H, Loop> || HasBeforeFlush<H, Loop> || HasState<H>;
 template <class H>
 concept WantsBatchRows = requires { requires static_cast<bool>(H::wants_batch_rows); };
 

@@ -357,6 +357,14 @@ class TrainingLoop {
   std::optional<StepResult> flush() {
     if (micro_ == 0) return std::nullopt;
     StepResult result;
+    try {
+      each_hook([&](auto& h) {
+        if constexpr (detail::HasBeforeFlush<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.before_flush(*this);
+      });
+    } catch (...) {
+      drop_window();
+      throw;
+    }
     if (micro_ < window_) {
       grads_.assign(params_);
       const double rescale = static_cast<double>(window_) / static_cast<double>(micro_);

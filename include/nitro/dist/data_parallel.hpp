@@ -1,0 +1,445 @@
+#pragma once
+// nitro::dist::DataParallel: PyTorch's DistributedDataParallel for a TrainingLoop, as a hook policy.
+//
+//   auto world = nitro::dist::ProcessGroup::from_environment();          // torchrun's ranks
+//   using Loop = nitro::TrainingLoop<nitro::amp::Bf16, nitro::clip::Norm, nitro::dist::DataParallel>;
+//   Loop loop{model, optimizer, {.clip = {.max_norm = 1.0}, .hooks = {{.group = world}}}};
+//   // each rank steps on its own shard of the data (dist::DistributedSampler); the gradients are
+//   // averaged over the ranks during backward, so every rank steps with the same gradient.
+//
+// The engine is DDP's own: c10d::Reducer from libtorch_cpu, driven from C++ as Python's
+// DistributedDataParallel drives it (torch/nn/parallel/distributed.py). It hooks each parameter's
+// gradient accumulator; as soon as every gradient of a bucket is ready during backward, the bucket
+// (its gradients copied into one flat tensor) is all-reduced asynchronously while backward goes on,
+// and at the end of backward the averaged gradients are written back to .grad. Buckets as DDP makes
+// them: the first step runs with one bucket (find_unused_parameters off), then the Reducer rebuilds
+// them in the order the gradients really arrived, the first `first_bucket_mib` (1 MiB) so that
+// communication starts early, the others up to `bucket_mib` (25 MiB); with find_unused_parameters on,
+// those sizes from the start, in reverse registration order. The all-reduce is Nitro's communication
+// hook on the Reducer (AllReduceMean below): it divides by the world size and all-reduces, as DDP's
+// default does, and also counts the calls and turns a failed collective into a nitro::Error naming
+// this rank, which backward() then throws.
+//
+// At the first step (every rank takes it): the ranks' models are compared by parameter and buffer
+// names, shapes and dtypes (a difference fails on every rank, naming the first one), rank 0's
+// parameters and buffers are broadcast to all, and c10d's own verify_params_across_processes runs.
+// Before each synchronised forward rank 0's buffers (BatchNorm's statistics) are broadcast, as DDP's
+// broadcast_buffers does (Options::broadcast_buffers).
+//
+// With the loop's other policies:
+// - accumulation (accumulate::Fixed, Dynamic): the micro-batches before the last of a window do not
+//   synchronise (DDP's no_sync): their gradients add up locally, and the last micro-batch's backward
+//   all-reduces the sum, once per optimizer step. loop.flush() on a partial window all-reduces the
+//   gradients there (every rank must call it). accumulate::Adaptive is refused (a rank that splits a
+//   batch would call backward more often than the others).
+// - amp::Fp16: the scaled gradients are averaged, then unscaled and checked: an inf on one rank
+//   becomes inf or NaN on all, so every rank skips the step and lowers the scale together.
+// - clip::Norm: every rank clips the same averaged gradients: the same norm everywhere.
+// - graph::Capture is refused (the Reducer's hooks are host work during backward).
+// - snapshots: the hook's state is the world size; resuming with another one is a nitro::Error. Only
+//   rank 0 writes snapshots (snapshot::Policy asks is_main_process()); every rank loads the same file.
+//
+// dist::Local (no data parallelism, the default) is a hook with no members: it costs nothing.
+#include <nitro/core/concepts.hpp>
+#include <nitro/core/error.hpp>
+#include <nitro/core/state_dict.hpp>
+#include <nitro/dist/process_group.hpp>
+#include <nitro/train/accumulate.hpp>
+#include <nitro/train/hooks.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/logger.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace nitro::dist {
+
+/// No data parallelism: a hook without members, so the loop calls nothing.
+struct Local {
+  using family = nitro::family::Hook;
+  static constexpr std::string_view name = "dist";
+  static constexpr bool enabled = false;
+  struct Options {};
+  explicit Local(const Options&) noexcept {}
+};
+
+namespace detail {
+
+/// The Reducer's communication hook: the bucket divided by the world size and all-reduced (DDP's
+/// default), counted, and a failure turned into a nitro::Error that backward() rethrows.
+class AllReduceMean final : public c10d::CommHookInterface {
+ public:
+  AllReduceMean(ProcessGroup group, std::shared_ptr<std::atomic<std::int64_t>> calls)
+      : group_(std::move(group)), calls_(std::move(calls)) {}
+
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    calls_->fetch_add(1, std::memory_order_relaxed);
+    at::Tensor& flat = bucket.getBufferRef();
+    flat.div_(static_cast<double>(group_.size()));
+    std::vector<at::Tensor> tensors{flat};
+    c10::intrusive_ptr<c10::ivalue::Future> done;
+    try {
+      done = group_.group()->allreduce(tensors)->getFuture();
+    } catch (...) {
+      ::nitro::dist::detail::rethrow_collective("the gradients' all-reduce", group_.rank(), group_.size(), group_.timeout());
+    }
+    auto out = c10::make_intrusive<c10::ivalue::Future>(done->elementType(), done->devices());
+    const int rank = group_.rank(), size = group_.size();
+    const auto timeout = group_.timeout();
+    done->addCallback([out, rank, size, timeout](c10::ivalue::Future& f) {
+      if (!f.hasError()) {
+        out->markCompleted(f.value());
+        return;
+      }
+      try {
+        std::rethrow_exception(f.exception_ptr());
+      } catch (...) {
+        try {
+          ::nitro::dist::detail::rethrow_collective("the gradients' all-reduce", rank, size, timeout);
+        } catch (...) {
+          out->setError(std::current_exception());
+        }
+      }
+    });
+    return out;
+  }
+
+  at::Tensor parseHookResult(const c10::IValue& result) override {
+    return result.isTensor() ? result.toTensor() : result.toTensorVector().at(0);
+  }
+
+ private:
+  ProcessGroup group_;
+  std::shared_ptr<std::atomic<std::int64_t>> calls_;
+};
+
+/// "name shape dtype" of every parameter (then buffer) of a model, one per line, for comparing ranks.
+inline std::vector<std::string> model_signature(const torch::nn::Module& model) {
+  std::vector<std::string> lines;
+  const auto describe = [&](std::string_view kind, const std::string& name, const at::Tensor& t) {
+    std::ostringstream s;
+    s << kind << ' ' << name << ' ' << t.sizes() << ' ' << t.scalar_type();
+    lines.push_back(std::move(s).str());
+  };
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) describe("parameter", p.key(), p.value());
+  for (const auto& b : model.named_buffers(/*recurse=*/true)) describe("buffer", b.key(), b.value());
+  return lines;
+}
+
+inline std::string join_lines(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) (out += l) += '\n';
+  return out;
+}
+
+inline std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::string::size_type begin = 0;
+  while (begin < text.size()) {
+    const auto end = text.find('\n', begin);
+    lines.push_back(text.substr(begin, end - begin));
+    begin = end == std::string::npos ? text.size() : end + 1;
+  }
+  return lines;
+}
+
+inline std::vector<std::uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+inline std::string text(const std::vector<std::uint8_t>& b) { return {b.begin(), b.end()}; }
+
+inline std::atomic<std::int64_t> data_parallel_started{0};
+
+}  // namespace detail
+
+/// Data parallelism over a ProcessGroup, as a TrainingLoop hook policy; see the top of this header.
+class DataParallel {
+ public:
+  using family = nitro::family::Hook;
+  static constexpr std::string_view name = "dist";
+  static constexpr bool enabled = true;
+  struct Options {
+    /// The processes training together (required).
+    std::optional<ProcessGroup> group;
+    /// Bucket size in MiB (DDP's bucket_cap_mb), and the first bucket's (DDP's 1 MiB).
+    double bucket_mib = 25.0;
+    double first_bucket_mib = 1.0;
+    /// Broadcast rank 0's buffers before each synchronised forward (DDP's broadcast_buffers).
+    bool broadcast_buffers = true;
+    /// Parameters that get no gradient in a step are found by walking the graph from the loss (DDP's
+    /// find_unused_parameters; costs a graph walk per step). Off: every parameter that requires a
+    /// gradient must get one in every synchronised backward.
+    bool find_unused_parameters = false;
+  };
+
+  explicit DataParallel(const Options& options) : o_(options) {
+    NITRO_CHECK(o_.group.has_value(), "dist::DataParallel: Options::group is not set; give the ProcessGroup, e.g. "
+                "{.group = nitro::dist::ProcessGroup::from_environment()}");
+    NITRO_CHECK(o_.bucket_mib > 0 && o_.bucket_mib <= 1 << 16 && o_.first_bucket_mib > 0 && o_.first_bucket_mib <= o_.bucket_mib,
+                "dist::DataParallel: bucket_mib must be in (0, 65536] and first_bucket_mib in (0, bucket_mib], got ",
+                o_.bucket_mib, " and ", o_.first_bucket_mib);
+  }
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  template <class Loop>
+  void on_step_begin(Loop& loop) {
+    static_assert(!detail_has_runner<Loop>(), "dist::DataParallel cannot be combined with graph::Capture: the "
+                  "Reducer's gradient hooks are host work during backward, which a captured graph would skip");
+    static_assert(!nitro::detail::SplitsOnOom<typename Loop::accumulation_policy>,
+                  "dist::DataParallel cannot be combined with accumulate::Adaptive: a rank that splits its batch "
+                  "would run more backward passes than the others; use accumulate::Fixed or Dynamic");
+    if (!reducer_) start(loop.model());
+    // The last synchronised backward never finished (the step threw in between): its reduction is
+    // dropped, as the loop drops that window's gradients.
+    if (reducing_) {
+      reducer_->reset_state();
+      reducing_ = false;
+    }
+    sync_ = loop.pending_micro_batches() + 1 >= loop.accumulation_steps();
+    if (!at::GradMode::is_enabled()) sync_ = false;
+    guarded("starting a synchronised step", [&] {
+      if (sync_) reducer_->prepare_for_forward();
+      // As DDP before every forward with gradients: after the first step, one rebuild of the buckets
+      // in the order the gradients arrived (two broadcasts from rank 0); later a check that costs nothing.
+      if (at::GradMode::is_enabled() && reducer_->rebuild_buckets())
+        bucket_count_ = reducer_->get_grad_buckets(/*return_zero_tensors=*/true).size();
+    });
+    if (o_.broadcast_buffers && !buffers_.empty() && group().size() > 1 && sync_) broadcast(buffer_views_);
+  }
+
+  template <class Loop>
+  void after_forward(Loop&, const at::Tensor& loss) {
+    if (!sync_) return;
+    guarded("preparing the gradients' all-reduce", [&] {
+      if (o_.find_unused_parameters) {
+        reducer_->prepare_for_backward({loss});
+      } else {
+        reducer_->prepare_for_backward({});
+      }
+    });
+    reducing_ = true;
+    calls_at_round_ = calls_->load(std::memory_order_relaxed);
+    ++rounds_;
+  }
+
+  template <class Loop>
+  void after_backward(Loop&) {
+    if (!reducing_) return;
+    reducing_ = false;
+    // Every bucket all-reduced once in this backward, or a parameter got no gradient: its bucket never
+    // became ready, nothing of it was averaged, and the Reducer waits for it (DDP fails only at the next
+    // step, with the ranks' weights already apart). Refused here, before the optimizer step.
+    if (calls_->load(std::memory_order_relaxed) - calls_at_round_ < static_cast<std::int64_t>(bucket_count_)) {
+      reducer_->reset_state();
+      std::string missing = "(unknown)";
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        if (!params_[i].grad().defined()) {
+          missing = names_[i];
+          break;
+        }
+      }
+      ::nitro::detail::fail("dist::DataParallel: parameter ", missing, " got no gradient in this step, so the "
+                            "ranks' gradients could not be averaged; set DataParallel::Options::find_unused_parameters "
+                            "= true when some parameters take no part in a step, or freeze them (requires_grad false)");
+    }
+  }
+
+  /// loop.flush() on a partial window: its micro-batches did not synchronise, so the gradients are
+  /// averaged here (every rank must flush together).
+  template <class Loop>
+  void before_flush(Loop&) {
+    if (!reducer_ || group().size() == 1) return;
+    // Which parameters have a gradient on some rank: those are averaged (a rank without one counts
+    // zeros); one that has none anywhere keeps none, so the optimizer skips it as it would alone.
+    std::vector<float> has(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) has[i] = params_[i].grad().defined() ? 1.0f : 0.0f;
+    std::vector<at::Tensor> flags{at::tensor(has)};
+    group().all_reduce_sum(flags, "the gradients' all-reduce at flush()");
+    const auto anywhere = flags[0].contiguous();
+    std::vector<at::Tensor> grads;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      if (anywhere.data_ptr<float>()[i] == 0.0f) continue;
+      if (!params_[i].grad().defined()) params_[i].mutable_grad() = at::zeros_like(params_[i]);
+      grads.push_back(params_[i].grad());
+    }
+    if (!grads.empty())
+      calls_->fetch_add(group().average(grads, "the gradients' all-reduce at flush()"), std::memory_order_relaxed);
+    ++rounds_;
+  }
+
+  StateDict state_dict() const {
+    StateDict s;
+    s.integers["world_size"] = group().size();
+    return s;
+  }
+  void load_state_dict(const StateDict& s) {
+    const std::int64_t saved = s.integer("world_size", "dist::DataParallel's state");
+    NITRO_CHECK(saved == group().size(), "dist::DataParallel: the state was saved by a run of ", saved,
+                " processes, but this run has ", group().size(), "; resume with the same world size (each rank's "
+                "share of the data and the averaged gradients depend on it)");
+  }
+
+  [[nodiscard]] const ProcessGroup& group() const noexcept { return *o_.group; }
+  /// All-reduce calls made so far (one per bucket per synchronised step, one per dtype at a flush).
+  [[nodiscard]] std::int64_t all_reduce_calls() const noexcept { return calls_->load(std::memory_order_relaxed); }
+  /// Synchronised backward passes (and flushes) so far.
+  [[nodiscard]] std::int64_t sync_rounds() const noexcept { return rounds_; }
+  /// The Reducer's buckets now (one until the first step is done; rebuilt by size after it).
+  [[nodiscard]] std::size_t buckets() const noexcept { return bucket_count_; }
+  [[nodiscard]] bool started() const noexcept { return reducer_ != nullptr; }
+
+ private:
+  template <class Loop>
+  static constexpr bool detail_has_runner() {
+    return []<class... Hs>(std::tuple<Hs...>*) { return (nitro::detail::RunsSteps<Hs> || ...); }(
+        static_cast<typename Loop::hook_policies*>(nullptr));
+  }
+
+  void start(torch::nn::Module& model) {
+    const ProcessGroup& g = group();
+    std::vector<const void*> seen;  // a parameter shared by two modules is one parameter
+    for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+      if (!p.value().requires_grad()) continue;
+      if (std::find(seen.begin(), seen.end(), p.value().unsafeGetTensorImpl()) != seen.end()) continue;
+      seen.push_back(p.value().unsafeGetTensorImpl());
+      NITRO_CHECK(g.serves(p.value().device().type()), "dist::DataParallel: parameter ", p.key(), " is on ",
+                  p.value().device(), ", which this process group has no backend for (Gloo serves CPU tensors; a CUDA "
+                  "model needs an NCCL group: ProcessGroup::Options::nccl = true)");
+      NITRO_CHECK(!p.value().is_sparse(), "dist::DataParallel: parameter ", p.key(), " is sparse; not supported");
+      params_.push_back(p.value());
+      names_.push_back(p.key());
+    }
+    NITRO_CHECK(!params_.empty(), "dist::DataParallel: the model has no parameter that requires a gradient");
+    for (const auto& b : model.named_buffers(/*recurse=*/true)) {
+      buffers_.push_back(b.value());
+      buffer_views_.push_back(b.value().detach());
+    }
+    compare_models(model);
+    // Rank 0's parameters and buffers everywhere (DDP's _sync_module_states: 250 MiB broadcast buckets).
+    if (g.size() > 1) {
+      std::vector<at::Tensor> all;
+      for (const auto& p : model.parameters(/*recurse=*/true)) all.push_back(p.detach());
+      for (const auto& b : buffers_) all.push_back(b.detach());
+      broadcast(all);
+    }
+    try {
+      c10d::verify_params_across_processes(g.group(), params_, std::nullopt);
+    } catch (...) {
+      ::nitro::dist::detail::rethrow_collective("comparing the parameters' shapes across ranks", g.rank(), g.size(), g.timeout());
+    }
+    // As DDP: the first step's one bucket holds everything (find_unused_parameters off), and the
+    // Reducer rebuilds the buckets (first_bucket_mib, then bucket_mib) in the order the gradients
+    // arrived once that step is done (rebuild_buckets before the second forward, on every rank).
+    const auto mib = [](double m) { return static_cast<std::int64_t>(m * 1024.0 * 1024.0); };
+    const std::vector<std::size_t> limits =
+        o_.find_unused_parameters ? std::vector<std::size_t>{static_cast<std::size_t>(mib(o_.first_bucket_mib)),
+                                                             static_cast<std::size_t>(mib(o_.bucket_mib))}
+                                  : std::vector<std::size_t>{SIZE_MAX};
+    auto indices = std::get<0>(
+        c10d::compute_bucket_assignment_by_size(params_, limits, std::vector<bool>(params_.size(), false)));
+    std::reverse(indices.begin(), indices.end());  // as DDP: the last parameters' gradients come first
+    std::unordered_map<std::size_t, std::string> param_names;
+    for (std::size_t i = 0; i < names_.size(); ++i) param_names.emplace(i, names_[i]);
+    bucket_count_ = indices.size();
+    reducer_ = std::make_shared<c10d::Reducer>(
+        params_, std::move(indices), g.group(), std::vector<bool>(params_.size(), false), mib(o_.bucket_mib),
+        o_.find_unused_parameters, /*gradient_as_bucket_view=*/false, std::move(param_names), mib(o_.first_bucket_mib),
+        /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false, std::vector<std::int64_t>{});
+    // The search for unused parameters reports to a logger it does not check for (reducer.cpp).
+    if (o_.find_unused_parameters) {
+      logger_ = std::make_shared<c10d::Logger>(reducer_);
+      reducer_->set_logger(logger_);
+    }
+    reducer_->register_comm_hook(std::make_unique<detail::AllReduceMean>(g, calls_));
+  }
+
+  // Every rank's model against rank 0's, through the store: names, shapes, dtypes. Each rank posts its
+  // verdict, and every rank fails if any rank differs (naming the first difference), so that none is
+  // left waiting in the broadcast that follows.
+  void compare_models(const torch::nn::Module& model) {
+    const ProcessGroup& g = group();
+    if (g.size() == 1) return;
+    // The n-th DataParallel this process started: every rank starts its loops in one order (their
+    // collectives would not pair up otherwise).
+    const std::string key = "dist/model/" + std::to_string(detail::data_parallel_started.fetch_add(1)) + "/";
+    const auto mine = detail::model_signature(model);
+    auto& store = *g.store();
+    std::string verdict = "ok";
+    try {
+      if (g.rank() == 0) store.set(key + "signature", detail::bytes(detail::join_lines(mine)));
+      const auto theirs = detail::split_lines(detail::text(store.get(key + "signature")));
+      for (std::size_t i = 0; i < std::max(mine.size(), theirs.size()) && verdict == "ok"; ++i) {
+        if (i >= mine.size()) verdict = "its model lacks rank 0's " + theirs[i];
+        else if (i >= theirs.size()) verdict = "its model has " + mine[i] + ", which rank 0's lacks";
+        else if (mine[i] != theirs[i]) verdict = "its model has " + mine[i] + " where rank 0's has " + theirs[i];
+      }
+      store.set(key + "verdict/" + std::to_string(g.rank()), detail::bytes(verdict));
+      for (int r = 0; r < g.size(); ++r) {
+        const std::string v = detail::text(store.get(key + "verdict/" + std::to_string(r)));
+        NITRO_CHECK(v == "ok", "dist::DataParallel: the ranks' models differ: rank ", r, " of ", g.size(), ": ", v,
+                    "; every rank must build the same model");
+      }
+    } catch (const Error&) {
+      throw;
+    } catch (...) {
+      ::nitro::dist::detail::rethrow_collective("comparing the models across ranks", g.rank(), g.size(), g.timeout());
+    }
+  }
+
+  // In place into `tensors` (detached views: broadcast_coalesced writes them).
+  void broadcast(const std::vector<at::Tensor>& tensors) {
+    const ProcessGroup& g = group();
+    try {
+      c10d::broadcast_coalesced(g.group(), tensors, 250u * 1024u * 1024u, 0);
+    } catch (...) {
+      ::nitro::dist::detail::rethrow_collective("broadcasting rank 0's parameters and buffers", g.rank(), g.size(), g.timeout());
+    }
+  }
+
+  Options o_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> buffers_;
+  std::vector<at::Tensor> buffer_views_;
+  std::shared_ptr<std::atomic<std::int64_t>> calls_ = std::make_shared<std::atomic<std::int64_t>>(0);
+  std::shared_ptr<c10d::Reducer> reducer_;  // its hooks hold `this` of the Reducer: kept while they may run
+  std::shared_ptr<c10d::Logger> logger_;
+  std::int64_t rounds_ = 0;
+  bool sync_ = false;
+  bool reducing_ = false;  // a synchronised backward was prepared and has not finished
+  std::int64_t calls_at_round_ = 0;
+  std::size_t bucket_count_ = 0;
+
+  template <class F>
+  void guarded(std::string_view what, F&& f) {
+    try {
+      f();
+    } catch (const Error&) {
+      throw;
+    } catch (...) {
+      const ProcessGroup& g = group();
+      ::nitro::dist::detail::rethrow_collective(what, g.rank(), g.size(), g.timeout());
+    }
+  }
+};
+
+}  // namespace nitro::dist
