@@ -357,7 +357,8 @@ struct WithUnused : torch::nn::Module {
   at::Tensor forward(const at::Tensor& x) { return body->forward(x); }
 };
 
-// args: store, rank, world, directory, mode (kill-N: rank 1 dies before step N | other-model | unused)
+// args: store, rank, world, directory, mode (kill-N: rank 1 dies before step N | hang-N: rank 1 stops
+// calling collectives for 12 s before step N | other-model | unused)
 NITRO_TEST_CHILD(ddp_fail) {
   at::set_num_threads(1);
   const int rank = std::stoi(args.at(1)), world = std::stoi(args.at(2));
@@ -365,6 +366,20 @@ NITRO_TEST_CHILD(ddp_fail) {
   const std::string mode = args.at(4);
   const auto started = std::chrono::steady_clock::now();
   try {
+    if (mode == "regroup") {
+      // A group made, used, dropped, then made again on the same store; and a second one beside it.
+      {
+        auto first = join(args.at(0), rank, world, 4s);
+        first.barrier();
+      }
+      auto again = join(args.at(0), rank, world, 4s);
+      auto beside = join(args.at(0), rank, world, 4s);
+      const bool ok = again.all_reduce_mean(static_cast<double>(rank)) == 0.5 &&
+                      beside.all_reduce_mean(static_cast<double>(rank) * 2) == 1.0 && nitro::process_rank() == rank;
+      again.barrier();
+      write_text(dir / ("error-" + std::to_string(rank)), ok ? "regrouped" : "wrong means");
+      return ok ? 0 : 1;
+    }
     auto g = join(args.at(0), rank, world, 4s);
     const auto train = [&](auto model) {
       torch::optim::SGD optimizer(model->parameters(), 0.1);
@@ -373,6 +388,7 @@ NITRO_TEST_CHILD(ddp_fail) {
           model, optimizer, {.hooks = {{.group = g, .bucket_mib = 0.0002, .first_bucket_mib = 0.0001}}}};
       for (std::int64_t step = 0; step < 1000; ++step) {
         if (mode.starts_with("kill-") && rank == 1 && step == std::stoll(mode.substr(5))) ::raise(SIGKILL);
+        if (mode.starts_with("hang-") && rank == 1 && step == std::stoll(mode.substr(5))) std::this_thread::sleep_for(12s);
         loop.step(shard(global_batch(step), rank, world),
                   [&](const Batch& b) { return torch::mse_loss(model->forward(b.x), b.y); });
       }
@@ -409,6 +425,30 @@ TEST_CASE("a rank killed before the first step, before the buckets' rebuild, or 
     CAPTURE(error);
     CHECK(error.find("failed on rank 0 of 2") != std::string::npos);
     CHECK(std::stod(read_text(dir / "seconds-0")) < 30.0);  // the timeout is 4 s
+  }
+}
+
+TEST_CASE("a rank that stops calling collectives makes the other end with a nitro::Error after the timeout") {
+  TempDir dir("nitro-ddp-hang", true);
+  const auto codes = run_ranks("ddp_fail", 2, dir.path, {dir.path.string(), "hang-2"});
+  CHECK(codes[0] == 0);
+  const std::string error = read_text(dir / "error-0");
+  CAPTURE(error);
+  CHECK(error.find("failed on rank 0 of 2") != std::string::npos);
+  const double seconds = std::stod(read_text(dir / "seconds-0"));
+  CHECK(seconds >= 3.5);   // it waited for the timeout (4 s) ...
+  CHECK(seconds < 11.5);   // ... and not for the hung rank to come back (12 s)
+  // The hung rank, back, finds its partner gone: a nitro::Error too, not a crash or a hang.
+  CHECK(codes[1] == 0);
+}
+
+TEST_CASE("groups made again, or beside another, on one store meet apart from the earlier ones") {
+  TempDir dir("nitro-ddp-regroup", true);
+  const auto codes = run_ranks("ddp_fail", 2, dir.path, {dir.path.string(), "regroup"});
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(codes[static_cast<std::size_t>(r)] == 0);
+    CHECK(read_text(dir / ("error-" + std::to_string(r))) == "regrouped");
   }
 }
 

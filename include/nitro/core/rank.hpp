@@ -1,10 +1,11 @@
 #pragma once
 // This process's place among processes that train together. The first dist::ProcessGroup of the
 // process (dist/process_group.hpp) sets it when it is made and puts it back when its last handle goes
-// (a group made while that one lives changes nothing); everything that writes for the whole run
-// (snapshot::Policy, the progress bar, the metric sinks) asks is_main_process() when it is made, so
-// that one process writes, not every rank over the same files: make the ProcessGroup first. Without a
-// process group it is rank 0 of 1: a single process writes as before.
+// (a group made while that one lives changes nothing: make the world group first); what writes for
+// the whole run asks is_main_process(): the progress bar and the metric sinks when they are made,
+// snapshot::Policy at each save, so that one process writes, not every rank over the same files. Make
+// the ProcessGroup before them. Without a process group it is rank 0 of 1: a single process writes as
+// before.
 #include <atomic>
 
 namespace nitro {

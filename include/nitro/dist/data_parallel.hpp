@@ -23,7 +23,8 @@
 // At the first step (every rank takes it): the ranks' models are compared by parameter and buffer
 // names, shapes and dtypes (a difference fails on every rank, naming the first one), rank 0's
 // parameters and buffers are broadcast to all, and c10d's own verify_params_across_processes runs.
-// Before each synchronised forward rank 0's buffers (BatchNorm's statistics) are broadcast, as DDP's
+// Before the forward that follows a synchronised one (every forward without accumulation, the first
+// of each window with it) rank 0's buffers (BatchNorm's statistics) are broadcast, as DDP's
 // broadcast_buffers does (Options::broadcast_buffers).
 //
 // With the loop's other policies:
@@ -182,7 +183,7 @@ class DataParallel {
     /// Bucket size in MiB (DDP's bucket_cap_mb), and the first bucket's (DDP's 1 MiB).
     double bucket_mib = 25.0;
     double first_bucket_mib = 1.0;
-    /// Broadcast rank 0's buffers before each synchronised forward (DDP's broadcast_buffers).
+    /// Broadcast rank 0's buffers before the forward that follows a synchronised one (DDP's broadcast_buffers).
     bool broadcast_buffers = true;
     /// Parameters that get no gradient in a step are found by walking the graph from the loss (DDP's
     /// find_unused_parameters; costs a graph walk per step). Off: every parameter that requires a
@@ -207,7 +208,15 @@ class DataParallel {
     static_assert(!nitro::detail::SplitsOnOom<typename Loop::accumulation_policy>,
                   "dist::DataParallel cannot be combined with accumulate::Adaptive: a rank that splits its batch "
                   "would run more backward passes than the others; use accumulate::Fixed or Dynamic");
-    if (!reducer_) start(loop.model());
+    if (!reducer_) {
+      // The graph walk of find_unused_parameters marks parameters unused that a checkpointed segment's
+      // recomputation then makes ready again: c10d's Reducer fails ("mark a variable ready only once").
+      NITRO_CHECK(!(Loop::checkpoint_policy::enabled && o_.find_unused_parameters),
+                  "dist::DataParallel: find_unused_parameters cannot be combined with a checkpoint policy (the "
+                  "recomputed segments' gradients arrive after the search for unused parameters); use checkpoint::Off "
+                  "or give every parameter a gradient in every step");
+      start(loop.model());
+    }
     // The last synchronised backward never finished (the step threw in between): its reduction is
     // dropped, as the loop drops that window's gradients.
     if (reducing_) {
@@ -223,7 +232,10 @@ class DataParallel {
       if (at::GradMode::is_enabled() && reducer_->rebuild_buckets())
         bucket_count_ = reducer_->get_grad_buckets(/*return_zero_tensors=*/true).size();
     });
-    if (o_.broadcast_buffers && !buffers_.empty() && group().size() > 1 && sync_) broadcast(buffer_views_);
+    // As DDP: rank 0's buffers before the forward that follows a synchronised one (the first forward
+    // of each accumulation window, every forward without accumulation).
+    if (o_.broadcast_buffers && !buffers_.empty() && group().size() > 1 && last_synced_) broadcast(buffer_views_);
+    last_synced_ = sync_;
   }
 
   template <class Loop>
@@ -250,16 +262,18 @@ class DataParallel {
     // step, with the ranks' weights already apart). Refused here, before the optimizer step.
     if (calls_->load(std::memory_order_relaxed) - calls_at_round_ < static_cast<std::int64_t>(bucket_count_)) {
       reducer_->reset_state();
-      std::string missing = "(unknown)";
-      for (std::size_t i = 0; i < params_.size(); ++i) {
-        if (!params_[i].grad().defined()) {
-          missing = names_[i];
-          break;
-        }
+      std::size_t missing = params_.size();
+      for (std::size_t i = 0; i < params_.size() && missing == params_.size(); ++i)
+        if (!params_[i].grad().defined()) missing = i;
+      if (missing < params_.size() && !params_[missing].requires_grad()) {
+        ::nitro::detail::fail("dist::DataParallel: parameter ", names_[missing], " was frozen (requires_grad false) "
+                              "after the first step; DataParallel takes its parameters at the first step, so make a new "
+                              "loop after freezing or unfreezing layers");
       }
-      ::nitro::detail::fail("dist::DataParallel: parameter ", missing, " got no gradient in this step, so the "
-                            "ranks' gradients could not be averaged; set DataParallel::Options::find_unused_parameters "
-                            "= true when some parameters take no part in a step, or freeze them (requires_grad false)");
+      ::nitro::detail::fail("dist::DataParallel: parameter ", missing < params_.size() ? names_[missing] : "(unknown)",
+                            " got no gradient in this step, so the ranks' gradients could not be averaged; set "
+                            "DataParallel::Options::find_unused_parameters = true when some parameters take no part in "
+                            "a step, or freeze them (requires_grad false) before the first step");
     }
   }
 
@@ -426,6 +440,7 @@ class DataParallel {
   std::int64_t rounds_ = 0;
   bool sync_ = false;
   bool reducing_ = false;  // a synchronised backward was prepared and has not finished
+  bool last_synced_ = true;  // the last forward was synchronised (DDP's require_forward_param_sync)
   std::int64_t calls_at_round_ = 0;
   std::size_t bucket_count_ = 0;
 

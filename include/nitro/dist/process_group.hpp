@@ -77,6 +77,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -140,6 +141,9 @@ inline std::int64_t env_integer(const char* name, const std::string& value, std:
   }
 }
 
+/// Groups of several processes made so far by this process (their store keys' prefix).
+inline std::atomic<int> groups_made{0};
+
 }  // namespace detail
 
 /// RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE and
@@ -198,7 +202,11 @@ inline std::int64_t env_integer(const char* name, const std::string& value, std:
   }
 }
 
-/// A group of processes; copies share it. The group is shut down when the last copy goes.
+/// A group of processes; copies share it. The group is shut down when the last copy goes. Every rank
+/// makes its groups in the same order (the n-th group of each rank meets under the store's keys
+/// "nitro/<n>/"), and the first group made is the one whose rank the writers see (core/rank.hpp).
+/// from_environment() twice while the first group lives would serve torchrun-less rank 0's TCPStore
+/// twice on one port: make the world group once and copy it.
 class ProcessGroup {
  public:
   struct Options {
@@ -363,7 +371,11 @@ class ProcessGroup {
     // Every wait on the store (a key another rank sets) fails after the group's timeout, whatever
     // store it is (a FileStore keeps c10d's 5 minutes otherwise).
     store->setTimeout(options.timeout);
-    s_->store = c10::make_intrusive<c10d::PrefixStore>("nitro", std::move(store));
+    // The n-th group of several processes this process makes: its keys apart from those of earlier
+    // groups on the same store (a group made again, a second group), as every rank makes its groups
+    // in the same order (as torch.distributed's new_group asks).
+    const int n = size > 1 ? detail::groups_made.fetch_add(1) : 0;
+    s_->store = c10::make_intrusive<c10d::PrefixStore>("nitro/" + std::to_string(n), std::move(store));
     s_->store->setTimeout(options.timeout);
     s_->rank = rank;
     s_->size = size;

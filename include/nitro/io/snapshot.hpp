@@ -1316,7 +1316,7 @@ struct SignalHandlers {
 /// resume from an older snapshot on purpose). One writer per directory: with several processes
 /// (dist::ProcessGroup, made before the policy; core/rank.hpp) rank 0 writes, as every rank holds the
 /// same parameters and optimizer state under dist::DataParallel (buffers such as BatchNorm's statistics
-/// are rank 0's, which DataParallel broadcasts before each synchronised forward), and the other ranks'
+/// are rank 0's, which DataParallel broadcasts at the start of each accumulation window), and the other ranks'
 /// policies only keep time; every rank resumes from rank 0's file.
 class Policy {
  public:
