@@ -442,16 +442,6 @@ TEST_CASE("a rank that stops calling collectives makes the other end with a nitr
   CHECK(codes[1] == 0);
 }
 
-TEST_CASE("groups made again, or beside another, on one store meet apart from the earlier ones") {
-  TempDir dir("nitro-ddp-regroup", true);
-  const auto codes = run_ranks("ddp_fail", 2, dir.path, {dir.path.string(), "regroup"});
-  for (int r = 0; r < 2; ++r) {
-    CAPTURE(r);
-    CHECK(codes[static_cast<std::size_t>(r)] == 0);
-    CHECK(read_text(dir / ("error-" + std::to_string(r))) == "regrouped");
-  }
-}
-
 TEST_CASE("a parameter that gets no gradient is a named error at the first step, not ranks drifting apart") {
   TempDir dir("nitro-ddp-unused", true);
   const auto codes = run_ranks("ddp_fail", 2, dir.path, {dir.path.string(), "unused"});
