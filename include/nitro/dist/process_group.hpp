@@ -206,7 +206,8 @@ inline std::atomic<int> groups_made{0};
 /// makes its groups in the same order (the n-th group of each rank meets under the store's keys
 /// "nitro/<n>/"), and the first group made is the one whose rank the writers see (core/rank.hpp).
 /// from_environment() twice while the first group lives would serve torchrun-less rank 0's TCPStore
-/// twice on one port: make the world group once and copy it.
+/// twice on one port: make the world group once and copy it. Tested: one group per store at a time (a
+/// test of a second group beside a live one hung once and is out until that is understood).
 class ProcessGroup {
  public:
   struct Options {
