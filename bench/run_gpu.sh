@@ -6,6 +6,11 @@
 #                                          tests labelled gpu (ctest -L gpu), one at a time
 #   bash bench/run_gpu.sh bench [names]    configure, build the benchmarks that have a GPU mode and the
 #                                          levels demo, run them (names: a subset, e.g. bench_prefetch)
+#   bash bench/run_gpu.sh peers [options]  configure, build peer_nitro, run bench/peers/compare.py on the
+#                                          GPU against PyTorch eager (AMP), torch.compile (no Lightning:
+#                                          it is not installed there and there is no registry); options go
+#                                          to compare.py (e.g. --rounds 2 --workloads mlp,cnn); the
+#                                          results JSON lands in $OUT/results-gpu.json, for plot_peers.py
 #
 # Here, once:     ../shared/gpu/prepare.sh     (makes .gpu/: doctest, GSL and zlib for that machine)
 # Device calls:   command "bash bench/run_gpu.sh tests", carry [".gpu"]; then "bash bench/run_gpu.sh bench"
@@ -21,8 +26,8 @@
 set -uo pipefail
 part=${1:-}
 case "$part" in
-  tests | bench) shift ;;
-  *) echo "usage: bash bench/run_gpu.sh tests | bench [benchmark names...]" >&2; exit 2 ;;
+  tests | bench | peers) shift ;;
+  *) echo "usage: bash bench/run_gpu.sh tests | bench [benchmark names...] | peers [compare.py options]" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 out=${OUT:-$PWD/build-gpu/out}
@@ -53,9 +58,9 @@ step() { # name command...: runs it, tees its output to $out/<name>.txt, prints 
 finish() {
   echo "=== summary ($part, $((SECONDS - start)) s in all)"
   printf '%s\n' "${summary[@]}"
-  if [ "$part" = bench ]; then
+  if [ "$part" = bench ] || [ "$part" = peers ]; then
     echo "=== RESULT lines"
-    grep -h '^RESULT ' "$out"/bench_*.txt 2>/dev/null || echo "(no benchmark printed RESULT lines)"
+    grep -h '^RESULT ' "$out"/bench_*.txt "$out"/peers.txt 2>/dev/null || echo "(no benchmark printed RESULT lines)"
   fi
   exit $status
 }
@@ -73,6 +78,13 @@ if [ "$part" = tests ]; then
   # One at a time: they share the one GPU, and several time what the device does. Bounded by what is
   # left of the call's budget, so the summary always prints.
   step tests timeout $(( ${budget:-560} - (SECONDS - start) )) ctest --preset gpu -L gpu --timeout 300
+elif [ "$part" = peers ]; then
+  step build cmake --build --preset gpu -j "$(nproc)" --target peer_nitro nitro_peer_tracking || finish
+  # compare.py starts no round past its budget; the call's timeout bounds the rest.
+  left=$(( ${budget:-560} - (SECONDS - start) ))
+  step peers timeout "$left" "$python" bench/peers/compare.py --device "$( "$python" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')" \
+    --build build-gpu --python "$python" --rounds 2 --budget $(( left * 2 / 3 )) --timeout 300 --skip lightning \
+    --out "$out/results-gpu.json" "$@"
 else
   benches=("$@")
   [ ${#benches[@]} -gt 0 ] || benches=(bench_loop_overhead bench_checkpoint bench_monitor bench_batch_finder bench_prefetch bench_optimizer bench_graphs)

@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+"""Runs Nitro (peer_nitro) and its peers (peer_torch.py: PyTorch eager, torch.compile, Lightning) on the
+same workloads, alternately, and prints one table per workload and the RESULT lines.
+
+  compare.py --device cpu|cuda --build BUILD_DIR [--python PY] [--work DIR] [--rounds R]
+             [--workloads mlp,cnn,...] [--skip CONFIG,...] [--budget SECONDS] [--out results.json]
+
+Each run is one process running one configuration (warm-up untimed, then a timed window; see
+peer_nitro.cpp). A round runs every configuration of every workload once, the order of the
+configurations rotating from round to round so that drift in the machine's speed falls on all of
+them alike; a configuration's figure is the median over the rounds. The weights and data are
+exported once by peer_nitro and read by both sides; the final losses (the loss of the last timed
+step) are printed side by side and checked to agree.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+NITRO = "nitro"
+PYTHON = "python"
+
+# (side, config, label) per workload and device; the first Python row is the reference of the ratios.
+CONFIGS = {
+    "cpu": {
+        "mlp": [(PYTHON, "eager"), (NITRO, "nitro_basic"), (NITRO, "libtorch"), (PYTHON, "lightning"), (PYTHON, "compile")],
+        "cnn": [(PYTHON, "eager"), (NITRO, "nitro_basic"), (NITRO, "libtorch"), (PYTHON, "lightning"), (PYTHON, "compile")],
+        "transformer": [(PYTHON, "eager"), (NITRO, "nitro_basic"), (NITRO, "libtorch"), (PYTHON, "lightning"),
+                        (PYTHON, "compile")],
+        "checkpoint": [(PYTHON, "plain"), (PYTHON, "checkpoint"), (NITRO, "plain"), (NITRO, "checkpoint")],
+        "pipeline": [(PYTHON, "dataloader"), (NITRO, "prefetcher")],
+    },
+    "cuda": {
+        "mlp": [(PYTHON, "amp"), (PYTHON, "eager"), (PYTHON, "amp_fp16"), (PYTHON, "compile"), (NITRO, "nitro_basic"),
+                (NITRO, "nitro_advanced"), (NITRO, "nitro_max"), (NITRO, "libtorch")],
+        "cnn": [(PYTHON, "amp"), (PYTHON, "eager"), (PYTHON, "amp_fp16"), (PYTHON, "compile"), (NITRO, "nitro_basic"),
+                (NITRO, "nitro_advanced"), (NITRO, "nitro_max"), (NITRO, "libtorch")],
+        "transformer": [(PYTHON, "amp"), (PYTHON, "eager"), (PYTHON, "amp_fp16"), (PYTHON, "compile"),
+                        (NITRO, "nitro_basic"), (NITRO, "nitro_advanced"), (NITRO, "libtorch")],
+        "checkpoint": [(PYTHON, "plain"), (PYTHON, "checkpoint"), (NITRO, "plain"), (NITRO, "checkpoint")],
+        "pipeline": [(PYTHON, "dataloader"), (NITRO, "prefetcher")],
+    },
+}
+
+LABELS = {
+    (PYTHON, "eager"): "PyTorch eager (fp32, fused AdamW)",
+    (PYTHON, "amp"): "PyTorch eager, autocast bf16",
+    (PYTHON, "amp_fp16"): "PyTorch eager, autocast fp16 + GradScaler",
+    (PYTHON, "compile"): "torch.compile (a compiler; Nitro has none)",
+    (PYTHON, "lightning"): "Lightning Trainer",
+    (NITRO, "nitro_basic"): "Nitro level::Basic (fp32, FusedAdamW)",
+    (NITRO, "nitro_advanced"): "Nitro level::Advanced (bf16, FusedAdamW)",
+    (NITRO, "nitro_max"): "Nitro level::Max (bf16, CUDA graphs)",
+    (NITRO, "libtorch"): "hand-written LibTorch loop (AdamW)",
+    (PYTHON, "plain"): "PyTorch, no checkpointing",
+    (PYTHON, "checkpoint"): "torch.utils.checkpoint_sequential",
+    (NITRO, "plain"): "Nitro, no checkpointing",
+    (NITRO, "checkpoint"): "Nitro checkpoint::sequential",
+    (PYTHON, "dataloader"): "DataLoader, 2 worker processes",
+    (NITRO, "prefetcher"): "Nitro Prefetcher, 2 worker threads",
+}
+
+# Configurations whose arithmetic is fp32 like the reference's, so their losses must agree closely.
+FP32 = {"eager", "compile", "lightning", "nitro_basic", "libtorch"}
+
+
+def machine(device, py):
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "host": platform.node(), "cores": os.cpu_count()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        info["cpu"] = platform.processor()
+    try:
+        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                        check=True).stdout.strip()
+        if subprocess.run(["git", "diff", "--quiet", "HEAD"]).returncode != 0:
+            info["commit"] += " (with uncommitted changes)"
+    except (OSError, subprocess.CalledProcessError):
+        info["commit"] = "unknown"
+    probe = ("import json, torch, sys\n"
+             "d = {'torch': torch.__version__, 'python': sys.version.split()[0]}\n"
+             "try:\n import lightning; d['lightning'] = lightning.__version__\n"
+             "except ImportError: d['lightning'] = None\n"
+             f"if '{device}' == 'cuda' and torch.cuda.is_available(): d['gpu'] = torch.cuda.get_device_name(0)\n"
+             "print(json.dumps(d))")
+    out = subprocess.run([py, "-c", probe], capture_output=True, text=True)
+    if out.returncode == 0:
+        info.update(json.loads(out.stdout))
+    try:
+        info["compiler"] = subprocess.run(["c++", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    except (OSError, IndexError):
+        pass
+    return info
+
+
+def run(cmd, timeout):
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout} s"
+    lines = [l for l in p.stdout.splitlines() if l.startswith("PEER ")]
+    if p.returncode != 0 or not lines:
+        tail = (p.stdout + p.stderr).strip().splitlines()[-8:]
+        return None, f"exit {p.returncode} after {time.time() - t0:.0f} s: " + " | ".join(tail)
+    return json.loads(lines[-1][5:]), None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--build", required=True, help="the release build directory (holds bench/peer_nitro)")
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--work", default=None, help="where the exported weights and data go (default BUILD/peers)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workloads", default="mlp,cnn,transformer,checkpoint,pipeline")
+    ap.add_argument("--skip", default="", help="configurations to leave out, e.g. lightning,compile")
+    ap.add_argument("--budget", type=float, default=0, help="seconds; no round is started past it (0: no limit)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    ap.add_argument("--out", default=None, help="write every run and the summary here (JSON)")
+    a = ap.parse_args()
+
+    start = time.time()
+    here = os.path.dirname(os.path.abspath(__file__))
+    nitro = os.path.join(a.build, "bench", "peer_nitro")
+    tracking = os.path.join(a.build, "bench", "libnitro_peer_tracking.so")
+    torch_peer = os.path.join(here, "peer_torch.py")
+    work = a.work or os.path.join(a.build, "peers")
+    workloads = [w for w in a.workloads.split(",") if w]
+    skip = set(s for s in a.skip.split(",") if s)
+    info = machine(a.device, a.python)
+    if info.get("lightning") is None:
+        skip.add("lightning")
+    print(f"compare: {a.device}, {info.get('cpu')} ({info['cores']} cores){', ' + info['gpu'] if 'gpu' in info else ''}, "
+          f"torch {info.get('torch')}, lightning {info.get('lightning')}, commit {info['commit']}, {info['date']}")
+
+    for w in workloads:
+        if w not in CONFIGS[a.device]:
+            sys.exit(f"compare: unknown workload {w}")
+        r = subprocess.run([nitro, "export", "--workload", w, "--dir", work, "--device", a.device],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            sys.exit(f"compare: peer_nitro export {w} failed: {r.stdout}{r.stderr}")
+
+    runs, failures = [], []
+    rounds_done = 0
+    for rnd in range(a.rounds):
+        if rnd > 0 and a.budget and time.time() - start > a.budget:
+            print(f"compare: budget of {a.budget:.0f} s spent: {rounds_done} round(s) run")
+            break
+        for w in workloads:
+            configs = [c for c in CONFIGS[a.device][w] if c[1] not in skip]
+            k = rnd % len(configs)
+            for side, config in configs[k:] + configs[:k]:
+                if side == NITRO:
+                    cmd = [nitro, "run", "--workload", w, "--config", config, "--dir", work, "--device", a.device]
+                else:
+                    cmd = [a.python, torch_peer, "--workload", w, "--config", config, "--dir", work,
+                           "--device", a.device]
+                    if os.path.exists(tracking):
+                        cmd += ["--tracking", tracking]
+                out, err = run(cmd, a.timeout)
+                if out is None:
+                    failures.append({"workload": w, "side": side, "config": config, "round": rnd, "error": err})
+                    print(f"compare: {w} {side} {config} failed: {err}", flush=True)
+                    continue
+                out["round"] = rnd
+                runs.append(out)
+                print(f"compare: round {rnd + 1}/{a.rounds} {w:11s} {side:6s} {config:15s} "
+                      f"{out['samples_per_s']:10.1f} samples/s", flush=True)
+        rounds_done += 1
+
+    summary = summarize(a.device, workloads, runs, skip)
+    results = print_results(a.device, summary)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"machine": info, "device": a.device, "rounds": rounds_done, "summary": summary,
+                       "results": results, "failures": failures, "runs": runs}, f, indent=1)
+        print(f"compare: wrote {a.out}")
+    if failures:
+        print(f"compare: {len(failures)} run(s) failed (see above)")
+    return 1 if failures else 0
+
+
+def summarize(device, workloads, runs, skip):
+    summary = {}
+    for w in workloads:
+        rows = []
+        for side, config in CONFIGS[device][w]:
+            mine = [r for r in runs if r["workload"] == w and r["side"] == side and r["config"] == config]
+            if not mine:
+                if config not in skip:
+                    rows.append({"side": side, "config": config, "label": LABELS[(side, config)], "missing": True})
+                continue
+            sps = [r["samples_per_s"] for r in mine]
+            rows.append({"side": side, "config": config, "label": LABELS[(side, config)],
+                         "samples_per_s": statistics.median(sps), "min": min(sps), "max": max(sps), "runs": len(sps),
+                         "steps_per_s": statistics.median(r["steps_per_s"] for r in mine),
+                         "peak_mb": statistics.median(r["peak_mb"] for r in mine),
+                         "final_loss": mine[0].get("final_loss"), "losses": mine[0].get("losses", [])})
+        ref = next((r for r in rows if not r.get("missing")), None)
+        for r in rows:
+            if ref and not r.get("missing"):
+                r["ratio"] = r["samples_per_s"] / ref["samples_per_s"]
+        summary[w] = {"reference": ref["config"] if ref else None, "rows": rows}
+    return summary
+
+
+def row_of(summary, w, side, config):
+    for r in summary.get(w, {}).get("rows", []):
+        if r["side"] == side and r["config"] == config and not r.get("missing"):
+            return r
+    return None
+
+
+def print_results(device, summary):
+    for w, s in summary.items():
+        ref = s["reference"]
+        memory = "peak MB (activations)" if w == "checkpoint" else "peak MB"
+        print(f"\n{w} ({device}); ratio = samples/s / {ref}'s; median of rounds (min-max)")
+        print(f"  {'configuration':46s} {'samples/s':>10s} {'(min-max)':>17s} {'ratio':>6s} {memory:>21s} {'final loss':>12s}")
+        for r in s["rows"]:
+            if r.get("missing"):
+                print(f"  {r['label']:46s} {'failed':>10s}")
+                continue
+            peak = f"{r['peak_mb']:.1f}" if r["peak_mb"] >= 0 else "-"
+            loss = f"{r['final_loss']:.6g}" if r["final_loss"] is not None else "-"
+            spread = f"({r['min']:.0f}-{r['max']:.0f})"
+            print(f"  {r['label']:46s} {r['samples_per_s']:10.1f} {spread:>17s} {r['ratio']:6.3f} {peak:>21s} {loss:>12s}")
+        check_losses(w, s["rows"])
+
+    results = []
+
+    def result(name, num, den, op, goal):
+        if num is None or den is None:
+            print(f"RESULT {name}=n/a goal{op}{goal} MISS (a run failed or was skipped)")
+            results.append({"name": name, "value": None, "goal": f"{op}{goal}", "pass": False})
+            return
+        value = num / den
+        ok = value >= goal if op == ">=" else value <= goal
+        print(f"RESULT {name}={value:.4g} goal{op}{goal} {'PASS' if ok else 'MISS'}")
+        results.append({"name": name, "value": value, "goal": f"{op}{goal}", "pass": ok})
+
+    def sps(w, side, config):
+        r = row_of(summary, w, side, config)
+        return r["samples_per_s"] if r else None
+
+    def peak(w, side, config):
+        r = row_of(summary, w, side, config)
+        return r["peak_mb"] if r and r["peak_mb"] > 0 else None
+
+    print()
+    if device == "cpu":
+        result("cpu_cnn_vs_python", sps("cnn", NITRO, "nitro_basic"), sps("cnn", PYTHON, "eager"), ">=", 1.0)
+        result("cpu_mlp_vs_python", sps("mlp", NITRO, "nitro_basic"), sps("mlp", PYTHON, "eager"), ">=", 1.3)
+        result("cpu_vs_lightning_cnn", sps("cnn", NITRO, "nitro_basic"), sps("cnn", PYTHON, "lightning"), ">=", 1.0)
+        result("pipeline_vs_dataloader", sps("pipeline", NITRO, "prefetcher"), sps("pipeline", PYTHON, "dataloader"),
+               ">=", 1.0)
+        result("checkpoint_memory_vs_torch_checkpoint", peak("checkpoint", NITRO, "checkpoint"),
+               peak("checkpoint", PYTHON, "checkpoint"), "<=", 1.05)
+    else:
+        result("gpu_mlp_vs_python_amp", sps("mlp", NITRO, "nitro_advanced"), sps("mlp", PYTHON, "amp"), ">=", 1.5)
+        result("gpu_mlp_graphs_vs_python_amp", sps("mlp", NITRO, "nitro_max"), sps("mlp", PYTHON, "amp"), ">=", 3.0)
+        result("gpu_cnn_vs_python_amp", sps("cnn", NITRO, "nitro_advanced"), sps("cnn", PYTHON, "amp"), ">=", 1.0)
+        result("gpu_transformer_vs_python_amp", sps("transformer", NITRO, "nitro_advanced"),
+               sps("transformer", PYTHON, "amp"), ">=", 1.0)
+        result("gpu_cnn_advanced_vs_basic", sps("cnn", NITRO, "nitro_advanced"), sps("cnn", NITRO, "nitro_basic"),
+               ">=", 2.0)
+        result("gpu_pipeline_vs_dataloader", sps("pipeline", NITRO, "prefetcher"), sps("pipeline", PYTHON, "dataloader"),
+               ">=", 1.0)
+        result("gpu_checkpoint_memory_vs_torch_checkpoint", peak("checkpoint", NITRO, "checkpoint"),
+               peak("checkpoint", PYTHON, "checkpoint"), "<=", 1.05)
+    return results
+
+
+def check_losses(w, rows):
+    """The final losses of the configurations with the reference's precision must agree with it."""
+    done = [r for r in rows if not r.get("missing") and r.get("final_loss") is not None]
+    if not done or w == "checkpoint":
+        return
+    ref = done[0]
+    if w == "pipeline":
+        same = all(abs(r["final_loss"] - ref["final_loss"]) <= 1e-3 * abs(ref["final_loss"]) for r in done)
+        print(f"  the sums of the batches read: {'equal' if same else 'DIFFER'} on both sides")
+        return
+    for r in done:
+        fp32 = r["config"] in FP32 and ref["config"] in FP32
+        tol = 2e-3 if fp32 else 5e-2  # relative: float rounding over the steps; bf16/fp16 against fp32 looser
+        diff = abs(r["final_loss"] - ref["final_loss"]) / max(abs(ref["final_loss"]), 1e-12)
+        r["loss_agrees"] = diff <= tol
+    bad = [r["config"] for r in done if not r["loss_agrees"]]
+    print(f"  final losses against {ref['config']}'s: " + ("all agree" if not bad else "DIFFER for " + ", ".join(bad))
+          + " (relative tolerance 2e-3 at fp32, 5e-2 at bf16/fp16)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
