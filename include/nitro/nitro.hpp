@@ -56,3 +56,11 @@
 #include <nitro/monitor/progress.hpp>
 #include <nitro/monitor/report.hpp>
 #include <nitro/monitor/sinks.hpp>
+
+// Serving: infer/compiled.hpp (AOTInductor packages, TorchScript files) is left out here: it pulls in
+// the JIT's headers; include it where a compiled model is loaded.
+#include <nitro/infer/batcher.hpp>
+#include <nitro/infer/fold.hpp>
+#include <nitro/infer/model.hpp>
+#include <nitro/infer/quantize.hpp>
+#include <nitro/infer/runner.hpp>

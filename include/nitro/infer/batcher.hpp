@@ -1,0 +1,311 @@
+#pragma once
+// A latency-bounded dynamic batcher: callers on many threads submit single inputs and get futures; one
+// worker gathers up to `max_batch` of them, or what came within `max_delay` of the oldest, runs them as
+// one batch and hands each caller its own row.
+//
+//   nitro::infer::Runner<nitro::infer::level::Basic> runner{nitro::infer::module_model(model)};
+//   nitro::infer::DynamicBatcher batcher{std::move(runner), {.max_batch = 32, .max_delay = 2ms}};
+//   std::future<at::Tensor> f = batcher.submit(image);       // image: one sample, no batch dimension
+//   at::Tensor logits = f.get();                              // its row of the batch's output
+//
+// The model is any callable `at::Tensor(const at::Tensor& batch)` whose output's first dimension is the
+// batch (an infer::Runner, a module's forward in a lambda); it runs on the worker thread only, under
+// c10::InferenceMode.
+//
+// What a caller gets, exactly once per request:
+//  - its row of the output (a view of the batch's output tensor; `.clone()` it to keep it alone);
+//  - infer::RequestExpired if its deadline passed before its batch was formed (no late answer);
+//  - the model's exception if its batch failed (other batches are not touched);
+//  - infer::BatcherStopped if the batcher was shut down with `Shutdown::fail_pending` before it ran.
+// submit itself throws nitro::Error for a full queue (`when_full = Reject`; `Block` waits for room), an
+// input whose shape differs from the first one's, and after shutdown.
+//
+// Shutdown (`shutdown()`, or the destructor) by default answers every pending request, then joins the
+// worker; `shutdown(Shutdown::fail_pending)` fails them with BatcherStopped instead.
+#include <nitro/core/error.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/stack.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace nitro::infer {
+
+/// A request whose deadline passed before it was run.
+class RequestExpired : public Error {
+ public:
+  using Error::Error;
+};
+/// A request still queued when the batcher was shut down with Shutdown::fail_pending.
+class BatcherStopped : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Options of DynamicBatcher.
+struct BatcherOptions {
+  /// The largest batch, >= 1.
+  int64_t max_batch = 32;
+  /// How long the oldest queued request may wait for others before its batch runs, >= 0.
+  std::chrono::microseconds max_delay{2000};
+  /// Requests queued at most, >= max_batch.
+  size_t queue_capacity = 1024;
+  /// A full queue: Reject (submit throws nitro::Error) or Block (submit waits for room).
+  enum class WhenFull { Reject, Block } when_full = WhenFull::Reject;
+  /// Latency percentiles are taken over the last this many requests, >= 1.
+  size_t stats_window = 65536;
+};
+
+/// How shutdown treats requests still queued.
+enum class Shutdown { answer_pending, fail_pending };
+
+/// What the batcher has done (DynamicBatcher::stats()).
+struct BatcherStats {
+  uint64_t requests = 0;        ///< answered with a row
+  uint64_t expired = 0;         ///< failed with RequestExpired
+  uint64_t failed = 0;          ///< failed by the model's exception or by shutdown
+  uint64_t rejected = 0;        ///< refused by submit (queue full)
+  uint64_t batches = 0;         ///< batches run
+  std::vector<uint64_t> batch_sizes;  ///< batch_sizes[n]: batches of n requests (index 0 unused)
+  double queue_wait_p50_ms = 0, queue_wait_p99_ms = 0;  ///< submit to the batch's start
+  double latency_p50_ms = 0, latency_p99_ms = 0;        ///< submit to the answer
+  [[nodiscard]] double mean_batch() const {
+    uint64_t n = 0, sum = 0;
+    for (size_t i = 0; i < batch_sizes.size(); ++i) n += batch_sizes[i], sum += batch_sizes[i] * i;
+    return n ? static_cast<double>(sum) / static_cast<double>(n) : 0.0;
+  }
+};
+
+template <class Fn>
+class DynamicBatcher {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  explicit DynamicBatcher(Fn model, BatcherOptions options = {}) : model_(std::move(model)), options_(options) {
+    NITRO_CHECK(options_.max_batch >= 1, "infer::DynamicBatcher: max_batch must be >= 1, got ", options_.max_batch);
+    NITRO_CHECK(options_.max_delay.count() >= 0, "infer::DynamicBatcher: max_delay must be >= 0, got ",
+                options_.max_delay.count(), " us");
+    NITRO_CHECK(options_.queue_capacity >= static_cast<size_t>(options_.max_batch),
+                "infer::DynamicBatcher: queue_capacity (", options_.queue_capacity, ") must be >= max_batch (",
+                options_.max_batch, ")");
+    NITRO_CHECK(options_.stats_window >= 1, "infer::DynamicBatcher: stats_window must be >= 1");
+    batch_sizes_.assign(static_cast<size_t>(options_.max_batch) + 1, 0);
+    worker_ = std::thread([this] { work(); });
+  }
+  DynamicBatcher(const DynamicBatcher&) = delete;
+  DynamicBatcher& operator=(const DynamicBatcher&) = delete;
+  ~DynamicBatcher() { shutdown(Shutdown::answer_pending); }
+
+  /// Queues one sample (no batch dimension); its row of the output arrives through the future.
+  /// `deadline`: past it, the request is failed with RequestExpired instead of being run.
+  std::future<at::Tensor> submit(at::Tensor input, std::optional<clock::time_point> deadline = std::nullopt) {
+    NITRO_CHECK(input.defined(), "infer::DynamicBatcher::submit: the input tensor is undefined");
+    Request r{std::move(input), {}, clock::now(), deadline};
+    auto future = r.promise.get_future();
+    std::unique_lock lock(mutex_);
+    NITRO_CHECK(!stopping_, "infer::DynamicBatcher::submit: the batcher has been shut down");
+    if (!shape_known_) {
+      shape_ = r.input.sizes().vec();
+      dtype_ = r.input.scalar_type();
+      shape_known_ = true;
+    }
+    NITRO_CHECK(r.input.sizes().vec() == shape_ && r.input.scalar_type() == dtype_,
+                "infer::DynamicBatcher::submit: every input must have the first one's shape and dtype (",
+                c10::IntArrayRef(shape_), " ", c10::toString(dtype_), "), got ", r.input.sizes(), " ",
+                c10::toString(r.input.scalar_type()), "; one batcher per input shape");
+    if (queue_.size() >= options_.queue_capacity) {
+      if (options_.when_full == BatcherOptions::WhenFull::Reject) {
+        ++stats_.rejected;
+        nitro::detail::fail("infer::DynamicBatcher::submit: the queue is full (", options_.queue_capacity,
+                            " requests waiting); retry later, raise queue_capacity, or set when_full = Block");
+      }
+      room_.wait(lock, [&] { return queue_.size() < options_.queue_capacity || stopping_; });
+      NITRO_CHECK(!stopping_, "infer::DynamicBatcher::submit: the batcher was shut down while waiting for room");
+    }
+    queue_.push_back(std::move(r));
+    lock.unlock();
+    arrived_.notify_one();
+    return future;
+  }
+
+  /// Stops taking requests, answers (or fails) the queued ones, joins the worker. Idempotent.
+  void shutdown(Shutdown how = Shutdown::answer_pending) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!stopping_) {
+        stopping_ = true;
+        fail_pending_ = how == Shutdown::fail_pending;
+      }
+    }
+    arrived_.notify_all();
+    room_.notify_all();
+    if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
+  }
+
+  /// A copy of the counters and the percentiles over the last `stats_window` requests.
+  [[nodiscard]] BatcherStats stats() const {
+    std::lock_guard lock(mutex_);
+    BatcherStats s = stats_;
+    s.batch_sizes = batch_sizes_;
+    s.queue_wait_p50_ms = percentile(waits_, 0.50);
+    s.queue_wait_p99_ms = percentile(waits_, 0.99);
+    s.latency_p50_ms = percentile(latencies_, 0.50);
+    s.latency_p99_ms = percentile(latencies_, 0.99);
+    return s;
+  }
+
+  [[nodiscard]] const BatcherOptions& options() const { return options_; }
+
+ private:
+  struct Request {
+    at::Tensor input;
+    std::promise<at::Tensor> promise;
+    clock::time_point submitted;
+    std::optional<clock::time_point> deadline;
+  };
+
+  static double percentile(std::vector<double> v, double q) {
+    if (v.empty()) return 0.0;
+    const auto k = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+    return v[k];
+  }
+
+  static double ms(clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+  void record(std::vector<double>& ring, size_t& next, double value) {
+    if (ring.size() < options_.stats_window) {
+      ring.push_back(value);
+    } else {
+      ring[next] = value;
+      next = (next + 1) % options_.stats_window;
+    }
+  }
+
+  void work() {
+    c10::InferenceMode inference;  // thread-local: the model runs on this thread only
+    std::vector<Request> batch;
+    batch.reserve(static_cast<size_t>(options_.max_batch));
+    std::vector<at::Tensor> inputs;
+    inputs.reserve(static_cast<size_t>(options_.max_batch));
+    for (;;) {
+      {
+        std::unique_lock lock(mutex_);
+        arrived_.wait(lock, [&] { return !queue_.empty() || stopping_; });
+        if (queue_.empty()) return;  // stopping, nothing left
+        if (stopping_ && fail_pending_) {
+          std::deque<Request> pending;
+          pending.swap(queue_);
+          stats_.failed += pending.size();
+          lock.unlock();
+          room_.notify_all();
+          for (auto& r : pending)
+            r.promise.set_exception(std::make_exception_ptr(
+                BatcherStopped("infer::DynamicBatcher: shut down before this request ran")));
+          continue;
+        }
+        // Wait for a full batch, but not past the oldest request's max_delay (nor on shutdown).
+        const auto until = queue_.front().submitted + options_.max_delay;
+        arrived_.wait_until(lock, until, [&] {
+          return queue_.size() >= static_cast<size_t>(options_.max_batch) || stopping_;
+        });
+        const size_t n = std::min(queue_.size(), static_cast<size_t>(options_.max_batch));
+        for (size_t i = 0; i < n; ++i) {
+          batch.push_back(std::move(queue_.front()));
+          queue_.pop_front();
+        }
+      }
+      room_.notify_all();
+      run(batch, inputs);
+      batch.clear();
+      inputs.clear();
+    }
+  }
+
+  // Counters are updated before any promise is fulfilled, so a caller holding its answer sees them.
+  void run(std::vector<Request>& batch, std::vector<at::Tensor>& inputs) {
+    const auto start = clock::now();
+    // Expired requests are left out of the batch and answered with an error.
+    size_t expired = 0;
+    for (auto& r : batch) {
+      if (r.deadline && *r.deadline < start) {
+        r.input = at::Tensor();
+        ++expired;
+      } else {
+        inputs.push_back(r.input);
+      }
+    }
+    std::exception_ptr error;
+    at::Tensor out;
+    if (!inputs.empty()) {
+      try {
+        out = model_(at::stack(inputs));
+        NITRO_CHECK(out.defined() && out.dim() >= 1 && out.size(0) == static_cast<int64_t>(inputs.size()),
+                    "infer::DynamicBatcher: the model returned ",
+                    out.defined() ? std::to_string(out.dim() >= 1 ? out.size(0) : 0) : std::string("no"),
+                    " rows for a batch of ", inputs.size(), "; its output's first dimension must be the batch");
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    const auto done = clock::now();
+    {
+      std::lock_guard lock(mutex_);
+      stats_.expired += expired;
+      if (!inputs.empty()) {
+        ++stats_.batches;
+        ++batch_sizes_[inputs.size()];
+        (error ? stats_.failed : stats_.requests) += inputs.size();
+        for (const auto& r : batch) {
+          if (!r.input.defined()) continue;
+          record(waits_, next_wait_, ms(start - r.submitted));
+          record(latencies_, next_latency_, ms(done - r.submitted));
+        }
+      }
+    }
+    int64_t row = 0;
+    for (auto& r : batch) {
+      if (!r.input.defined()) {
+        r.promise.set_exception(std::make_exception_ptr(RequestExpired(
+            "infer::DynamicBatcher: the request's deadline passed " + std::to_string(ms(start - *r.deadline)) +
+            " ms before its batch was formed")));
+      } else if (error) {
+        r.promise.set_exception(error);
+      } else {
+        r.promise.set_value(out[row++]);
+      }
+    }
+  }
+
+  Fn model_;
+  BatcherOptions options_;
+  mutable std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::condition_variable room_;
+  std::deque<Request> queue_;
+  bool stopping_ = false;
+  bool fail_pending_ = false;
+  bool shape_known_ = false;
+  std::vector<int64_t> shape_;
+  c10::ScalarType dtype_ = c10::ScalarType::Undefined;
+  BatcherStats stats_;
+  std::vector<uint64_t> batch_sizes_;
+  std::vector<double> waits_, latencies_;
+  size_t next_wait_ = 0, next_latency_ = 0;
+  std::thread worker_;
+};
+
+}  // namespace nitro::infer

@@ -1,0 +1,74 @@
+#pragma once
+// One interface over the ways a trained model is served.
+//
+//   nitro::infer::Model           what the runner and the batcher call: tensors in, tensors out
+//   nitro::infer::module_model()  a torch::nn module (eager; `prepare` it first: infer/prepare.hpp)
+//   nitro::infer::load_aoti()     an AOTInductor package (infer/compiled.hpp): the primary compiled path
+//   nitro::infer::load_torchscript()  a TorchScript file (infer/compiled.hpp): the legacy loader
+//
+//   auto model = nitro::infer::module_model(prepared_cnn);           // any holder with forward(Tensor)
+//   std::vector<at::Tensor> out = model->run({images});
+//
+// A Model is called from one thread at a time unless its kind says otherwise (the DynamicBatcher calls
+// it from its one worker). The first input's first dimension is the batch for every kind.
+#include <nitro/core/error.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace nitro::infer {
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  /// Runs one batch. Inputs and outputs are on `device()`.
+  virtual std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) = 0;
+  /// Where the model's weights live, where its inputs go.
+  [[nodiscard]] virtual c10::Device device() const = 0;
+  /// "module", "aoti" or "torchscript", for reports.
+  [[nodiscard]] virtual std::string kind() const = 0;
+};
+
+namespace detail {
+
+template <class Holder>
+class ModuleModel final : public Model {
+ public:
+  ModuleModel(Holder module, c10::Device device) : module_(std::move(module)), device_(device) {}
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
+    NITRO_CHECK(inputs.size() == 1, "infer::module_model: a torch::nn module takes one input tensor, got ",
+                inputs.size());
+    return {module_->forward(inputs.front())};
+  }
+  [[nodiscard]] c10::Device device() const override { return device_; }
+  [[nodiscard]] std::string kind() const override { return "module"; }
+
+ private:
+  Holder module_;
+  c10::Device device_;
+};
+
+}  // namespace detail
+
+/// A torch::nn module holder whose forward takes one tensor and returns one, as a Model. The device is
+/// that of its first parameter (the CPU for a module without parameters).
+template <class Holder>
+  requires requires(Holder h, at::Tensor t) {
+    { h->forward(t) } -> std::convertible_to<at::Tensor>;
+    h->parameters();
+  }
+std::shared_ptr<Model> module_model(Holder module) {
+  NITRO_CHECK(!module.is_empty(), "infer::module_model: the module holder is empty (default-constructed)");
+  const auto params = module->parameters();
+  const c10::Device device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
+  return std::make_shared<detail::ModuleModel<Holder>>(std::move(module), device);
+}
+
+}  // namespace nitro::infer
