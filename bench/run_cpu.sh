@@ -9,7 +9,8 @@
 # 3. bench/peers/compare.py: every workload's configurations alternately, `--rounds` rounds (default 3),
 #    tables, RESULT lines, every run written to build-release/peers/results-cpu.json;
 # 4. bench/plot_peers.py draws docs/peers-cpu.png and docs/peers-cpu-loss.png from it (matplotlib).
-# About 15 minutes on 2 cores, torch.compile's first compilations included.
+# About 8 minutes on 2 cores (2026-11-24), torch.compile's first compilations included; the first time
+# also installs Lightning. With options (a subset), the plots go to build-release/peers/, not docs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc)
@@ -27,9 +28,11 @@ out=build-release/peers/results-cpu.json
 mkdir -p build-release/peers
 status=0
 "$py" bench/peers/compare.py --device cpu --build build-release --python "$py" --out "$out" "$@" || status=$?
-if "$py" -c "import matplotlib" 2>/dev/null; then
-  "$py" bench/plot_peers.py "$out" -o docs/peers-cpu.png
+plot=docs/peers-cpu.png
+[ $# -eq 0 ] || plot=build-release/peers/peers-cpu.png  # a subset run leaves the committed plots alone
+if ! grep -q -- '--out' <<<"$*" && "$py" -c "import matplotlib" 2>/dev/null; then
+  "$py" bench/plot_peers.py "$out" -o "$plot"
 else
-  echo "run_cpu: matplotlib is not there: no plot drawn"
+  echo "run_cpu: no plot drawn (matplotlib missing, or --out given: run bench/plot_peers.py on that file)"
 fi
 exit $status

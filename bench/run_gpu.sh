@@ -82,8 +82,10 @@ elif [ "$part" = peers ]; then
   step build cmake --build --preset gpu -j "$(nproc)" --target peer_nitro nitro_peer_tracking || finish
   # compare.py starts no round past its budget; the call's timeout bounds the rest.
   left=$(( ${budget:-560} - (SECONDS - start) ))
+  if [ "$left" -lt 60 ]; then echo "run_gpu: ${left} s left: peers not started"; finish; fi
+  # SIGTERM from timeout makes compare.py summarise the rounds it completed (never nothing).
   step peers timeout "$left" "$python" bench/peers/compare.py --device "$( "$python" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')" \
-    --build build-gpu --python "$python" --rounds 2 --budget $(( left * 2 / 3 )) --timeout 300 --skip lightning \
+    --build build-gpu --python "$python" --rounds 2 --budget $(( left / 2 )) --timeout 300 --skip lightning \
     --out "$out/results-gpu.json" "$@"
 else
   benches=("$@")

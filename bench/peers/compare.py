@@ -16,6 +16,7 @@ import argparse
 import datetime
 import json
 import os
+import signal
 import platform
 import statistics
 import subprocess
@@ -110,7 +111,18 @@ def run(cmd, timeout):
     if p.returncode != 0 or not lines:
         tail = (p.stdout + p.stderr).strip().splitlines()[-8:]
         return None, f"exit {p.returncode} after {time.time() - t0:.0f} s: " + " | ".join(tail)
-    return json.loads(lines[-1][5:]), None
+    try:
+        return json.loads(lines[-1][5:]), None
+    except ValueError as e:
+        return None, f"unreadable PEER line ({e}): {lines[-1][:200]}"
+
+
+class Stopped(Exception):
+    """SIGTERM (the GPU script's `timeout`): the rounds completed so far are summarised."""
+
+
+def on_sigterm(signum, frame):
+    raise Stopped()
 
 
 def main():
@@ -151,6 +163,22 @@ def main():
 
     runs, failures = [], []
     rounds_done = 0
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        rounds_done = run_rounds(a, workloads, skip, nitro, torch_peer, tracking, work, start, runs, failures)
+    except Stopped:
+        # Only complete rounds count: a round cut short would weigh its configurations unevenly.
+        done = max((r["round"] for r in runs), default=-1)
+        runs[:] = [r for r in runs if r["round"] < done]
+        rounds_done = done
+        print(f"compare: stopped by SIGTERM during round {done + 1}: the {done} complete round(s) are summarised",
+              flush=True)
+    finish(a, info, workloads, runs, failures, rounds_done, skip)
+    return 1 if failures else 0
+
+
+def run_rounds(a, workloads, skip, nitro, torch_peer, tracking, work, start, runs, failures):
+    rounds_done = 0
     for rnd in range(a.rounds):
         if rnd > 0 and a.budget and time.time() - start > a.budget:
             print(f"compare: budget of {a.budget:.0f} s spent: {rounds_done} round(s) run")
@@ -176,9 +204,13 @@ def main():
                 print(f"compare: round {rnd + 1}/{a.rounds} {w:11s} {side:6s} {config:15s} "
                       f"{out['samples_per_s']:10.1f} samples/s", flush=True)
         rounds_done += 1
+    return rounds_done
 
+
+def finish(a, info, workloads, runs, failures, rounds_done, skip):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the summary is short: let it be printed whole
     summary = summarize(a.device, workloads, runs, skip)
-    results = print_results(a.device, summary)
+    results = print_results(a.device, summary, workloads)
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"machine": info, "device": a.device, "rounds": rounds_done, "summary": summary,
@@ -186,7 +218,6 @@ def main():
         print(f"compare: wrote {a.out}")
     if failures:
         print(f"compare: {len(failures)} run(s) failed (see above)")
-    return 1 if failures else 0
 
 
 def summarize(device, workloads, runs, skip):
@@ -220,7 +251,7 @@ def row_of(summary, w, side, config):
     return None
 
 
-def print_results(device, summary):
+def print_results(device, summary, workloads):
     for w, s in summary.items():
         ref = s["reference"]
         memory = "peak MB (activations)" if w == "checkpoint" else "peak MB"
@@ -238,9 +269,12 @@ def print_results(device, summary):
 
     results = []
 
-    def result(name, num, den, op, goal):
+    def result(name, num, den, op, goal, needs):
+        if not all(w in workloads for w in needs):
+            return  # not measured in this run: no RESULT line (bench/README.md)
         if num is None or den is None:
-            print(f"RESULT {name}=n/a goal{op}{goal} MISS (a run failed or was skipped)")
+            print(f"compare: {name}: a run it needs failed or was left out (see above)")
+            print(f"RESULT {name}=nan goal{op}{goal} MISS")
             results.append({"name": name, "value": None, "goal": f"{op}{goal}", "pass": False})
             return
         value = num / den
@@ -258,46 +292,55 @@ def print_results(device, summary):
 
     print()
     if device == "cpu":
-        result("cpu_cnn_vs_python", sps("cnn", NITRO, "nitro_basic"), sps("cnn", PYTHON, "eager"), ">=", 1.0)
-        result("cpu_mlp_vs_python", sps("mlp", NITRO, "nitro_basic"), sps("mlp", PYTHON, "eager"), ">=", 1.3)
-        result("cpu_vs_lightning_cnn", sps("cnn", NITRO, "nitro_basic"), sps("cnn", PYTHON, "lightning"), ">=", 1.0)
+        result("cpu_cnn_vs_python", sps("cnn", NITRO, "nitro_basic"), sps("cnn", PYTHON, "eager"), ">=", 1.0, ["cnn"])
+        result("cpu_mlp_vs_python", sps("mlp", NITRO, "nitro_basic"), sps("mlp", PYTHON, "eager"), ">=", 1.3, ["mlp"])
+        result("cpu_vs_lightning_cnn", sps("cnn", NITRO, "nitro_basic"), sps("cnn", PYTHON, "lightning"), ">=", 1.0, ["cnn"])
         result("pipeline_vs_dataloader", sps("pipeline", NITRO, "prefetcher"), sps("pipeline", PYTHON, "dataloader"),
-               ">=", 1.0)
+               ">=", 1.0, ["pipeline"])
         result("checkpoint_memory_vs_torch_checkpoint", peak("checkpoint", NITRO, "checkpoint"),
-               peak("checkpoint", PYTHON, "checkpoint"), "<=", 1.05)
+               peak("checkpoint", PYTHON, "checkpoint"), "<=", 1.05, ["checkpoint"])
     else:
-        result("gpu_mlp_vs_python_amp", sps("mlp", NITRO, "nitro_advanced"), sps("mlp", PYTHON, "amp"), ">=", 1.5)
-        result("gpu_mlp_graphs_vs_python_amp", sps("mlp", NITRO, "nitro_max"), sps("mlp", PYTHON, "amp"), ">=", 3.0)
-        result("gpu_cnn_vs_python_amp", sps("cnn", NITRO, "nitro_advanced"), sps("cnn", PYTHON, "amp"), ">=", 1.0)
+        result("gpu_mlp_vs_python_amp", sps("mlp", NITRO, "nitro_advanced"), sps("mlp", PYTHON, "amp"), ">=", 1.5, ["mlp"])
+        result("gpu_mlp_graphs_vs_python_amp", sps("mlp", NITRO, "nitro_max"), sps("mlp", PYTHON, "amp"), ">=", 3.0, ["mlp"])
+        result("gpu_cnn_vs_python_amp", sps("cnn", NITRO, "nitro_advanced"), sps("cnn", PYTHON, "amp"), ">=", 1.0, ["cnn"])
         result("gpu_transformer_vs_python_amp", sps("transformer", NITRO, "nitro_advanced"),
-               sps("transformer", PYTHON, "amp"), ">=", 1.0)
+               sps("transformer", PYTHON, "amp"), ">=", 1.0, ["transformer"])
         result("gpu_cnn_advanced_vs_basic", sps("cnn", NITRO, "nitro_advanced"), sps("cnn", NITRO, "nitro_basic"),
-               ">=", 2.0)
+               ">=", 2.0, ["cnn"])
         result("gpu_pipeline_vs_dataloader", sps("pipeline", NITRO, "prefetcher"), sps("pipeline", PYTHON, "dataloader"),
-               ">=", 1.0)
+               ">=", 1.0, ["pipeline"])
         result("gpu_checkpoint_memory_vs_torch_checkpoint", peak("checkpoint", NITRO, "checkpoint"),
-               peak("checkpoint", PYTHON, "checkpoint"), "<=", 1.05)
+               peak("checkpoint", PYTHON, "checkpoint"), "<=", 1.05, ["checkpoint"])
     return results
 
 
+FIRST_STEPS = 10
+
+
 def check_losses(w, rows):
-    """The final losses of the configurations with the reference's precision must agree with it."""
+    """The per-step losses of the first FIRST_STEPS timed steps must agree with the fp32 reference's:
+    relative 1e-4 between fp32 rows (the same arithmetic, rounded in another order), 5e-2 for a
+    bf16/fp16 row. Over hundreds of AdamW steps fp32 rounding alone moves the final loss by 1e-2 on
+    the MLP, so the final losses are shown, not checked."""
     done = [r for r in rows if not r.get("missing") and r.get("final_loss") is not None]
     if not done or w == "checkpoint":
         return
-    ref = done[0]
     if w == "pipeline":
+        ref = done[0]
         same = all(abs(r["final_loss"] - ref["final_loss"]) <= 1e-3 * abs(ref["final_loss"]) for r in done)
         print(f"  the sums of the batches read: {'equal' if same else 'DIFFER'} on both sides")
         return
+    ref = next((r for r in done if r["config"] in FP32), done[0])
+    first = ref.get("losses", [])[:FIRST_STEPS]
     for r in done:
-        fp32 = r["config"] in FP32 and ref["config"] in FP32
-        tol = 2e-3 if fp32 else 5e-2  # relative: float rounding over the steps; bf16/fp16 against fp32 looser
-        diff = abs(r["final_loss"] - ref["final_loss"]) / max(abs(ref["final_loss"]), 1e-12)
-        r["loss_agrees"] = diff <= tol
+        tol = 1e-4 if r["config"] in FP32 and ref["config"] in FP32 else 5e-2
+        mine = r.get("losses", [])[:FIRST_STEPS]
+        r["loss_agrees"] = len(mine) == len(first) > 0 and all(
+            abs(m - f) <= tol * max(abs(f), 1e-12) for m, f in zip(mine, first))
     bad = [r["config"] for r in done if not r["loss_agrees"]]
-    print(f"  final losses against {ref['config']}'s: " + ("all agree" if not bad else "DIFFER for " + ", ".join(bad))
-          + " (relative tolerance 2e-3 at fp32, 5e-2 at bf16/fp16)")
+    print(f"  losses of the first {FIRST_STEPS} steps against {ref['config']}'s: "
+          + ("all agree" if not bad else "DIFFER for " + ", ".join(bad))
+          + " (relative 1e-4 at fp32, 5e-2 at bf16/fp16); final losses shown as they are")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@
 #include <map>
 #include <sstream>
 #include <stdexcept>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -427,6 +428,10 @@ Outcome run_training(const Args& a, const Shapes& s) {
   read_raw(dir / "x.bin", {x});
   read_raw(dir / "y.bin", {y});
   const auto device = device_of(a);
+  // cuDNN autotuning on every GPU row, as the Python rows have it (torch.backends.cudnn.benchmark):
+  // each side at its best practice. Advanced and Max set it again through their level.
+  std::optional<nitro::hw::ScopedSettings> autotune;
+  if (device.is_cuda()) autotune.emplace(nitro::hw::Settings{.cudnn_benchmark = true});
   module->to(device);
   Batches batches;
   for (std::int64_t i = 0; i < s.batches; ++i)
@@ -590,14 +595,22 @@ int main(int argc, char** argv) try {
   if (a.workload == "checkpoint") o = run_checkpoint(a, s);
   else if (a.workload == "pipeline") o = run_pipeline(a, s);
   else o = run_training(a, s);
-  char final_loss[32] = "null";
-  if (!std::isnan(o.final_loss)) std::snprintf(final_loss, sizeof final_loss, "%.8g", o.final_loss);
+  // JSON as Python's json module reads it: NaN and Infinity for a diverged loss (printf's "nan" is not).
+  const auto number = [](double v, const char* format) -> std::string {
+    if (std::isnan(v)) return "NaN";
+    if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
+    char text[32];
+    std::snprintf(text, sizeof text, format, v);
+    return text;
+  };
+  const std::string final_loss = std::isnan(o.final_loss) ? std::string("null") : number(o.final_loss, "%.8g");
   std::printf("PEER {\"side\":\"nitro\",\"workload\":\"%s\",\"config\":\"%s\",\"device\":\"%s\",\"steps\":%lld,"
               "\"samples\":%lld,\"seconds\":%.6f,\"samples_per_s\":%.3f,\"steps_per_s\":%.4f,\"peak_mb\":%.3f,\"final_loss\":%s,\"losses\":[",
               a.workload.c_str(), a.config.c_str(), a.device.c_str(), static_cast<long long>(o.steps),
               static_cast<long long>(o.samples), o.seconds, o.samples_per_s, static_cast<double>(o.steps) / o.seconds,
-              o.peak_mb, final_loss);
-  for (std::size_t i = 0; i < o.losses.size(); ++i) std::printf("%s%.7g", i ? "," : "", o.losses[i]);
+              o.peak_mb, final_loss.c_str());
+  for (std::size_t i = 0; i < o.losses.size(); ++i)
+    std::printf("%s%s", i ? "," : "", number(o.losses[i], "%.7g").c_str());
   std::printf("]}\n");
   return 0;
 } catch (const std::exception& e) {
