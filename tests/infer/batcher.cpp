@@ -216,3 +216,64 @@ TEST_CASE("DynamicBatcher: a user's mistakes are nitro::Errors that say what to 
   CHECK_THROWS_WITH_AS(bad.submit(torch::zeros({2})).get(), doctest::Contains("first dimension must be the batch"),
                        nitro::Error);
 }
+
+TEST_CASE("DynamicBatcher: two threads shutting down at once both return") {
+  for (int i = 0; i < 20; ++i) {
+    DynamicBatcher batcher{[](const at::Tensor& b) { return b; }, {.max_batch = 2, .max_delay = 1ms}};
+    batcher.submit(torch::zeros({1})).get();
+    std::thread a([&] { batcher.shutdown(); });
+    std::thread b([&] { batcher.shutdown(nitro::infer::Shutdown::fail_pending); });
+    a.join();
+    b.join();
+  }
+}
+
+TEST_CASE("DynamicBatcher: a deadline shorter than max_delay runs the request in time instead of expiring it") {
+  DynamicBatcher batcher{[](const at::Tensor& b) { return b + 1; }, {.max_batch = 8, .max_delay = 300ms}};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto answer = batcher.submit(torch::zeros({1}), t0 + 50ms);
+  CHECK(answer.get().item<float>() == 1.0f);
+  CHECK(std::chrono::steady_clock::now() - t0 < 200ms);
+  CHECK(batcher.stats().expired == 0);
+}
+
+TEST_CASE("DynamicBatcher: in Block mode a deadline bounds the wait for room") {
+  Gate gate;
+  DynamicBatcher batcher{[&](const at::Tensor& b) {
+                           gate.wait();
+                           return b;
+                         },
+                         {.max_batch = 1, .max_delay = 0ms, .queue_capacity = 1,
+                          .when_full = BatcherOptions::WhenFull::Block}};
+  auto running = batcher.submit(torch::zeros({1}));
+  gate.wait_entered(1);
+  auto queued = batcher.submit(torch::zeros({1}));  // fills the queue
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(batcher.submit(torch::zeros({1}), t0 + 20ms), nitro::infer::RequestExpired);
+  CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+  CHECK(batcher.stats().expired == 1);
+  gate.release();
+  running.get();
+  queued.get();
+}
+
+TEST_CASE("DynamicBatcher: shutdown with fail_pending fails a batch still being gathered") {
+  std::atomic<int> calls{0};
+  DynamicBatcher batcher{[&](const at::Tensor& b) {
+                           ++calls;
+                           return b;
+                         },
+                         {.max_batch = 8, .max_delay = 5s}};
+  auto pending = batcher.submit(torch::ones({1}));
+  std::this_thread::sleep_for(20ms);  // the worker is gathering, waiting for more
+  batcher.shutdown(nitro::infer::Shutdown::fail_pending);
+  CHECK_THROWS_AS(pending.get(), nitro::infer::BatcherStopped);
+  CHECK(calls.load() == 0);
+}
+
+TEST_CASE("DynamicBatcher: an input of another layout is refused at submit and fails no one else") {
+  DynamicBatcher batcher{[](const at::Tensor& b) { return b; }, {.max_batch = 4, .max_delay = 20ms}};
+  auto good = batcher.submit(torch::ones({3}));
+  CHECK_THROWS_WITH_AS(batcher.submit(torch::ones({3}).to_sparse()), doctest::Contains("dense"), nitro::Error);
+  CHECK(torch::equal(good.get(), torch::ones({3})));
+}

@@ -57,6 +57,9 @@ TEST_CASE("AOTInductor package and TorchScript file from Python: their outputs e
   CHECK(got.sizes() == expected.sizes());
   CHECK((got - expected).abs().max().item<double>() < 1e-4);
   CHECK((run_aoti(x.slice(0, 0, 1)) - expected.slice(0, 0, 1)).abs().max().item<double>() < 1e-4);
+  // A compiled model does not check its inputs; Nitro refuses a dtype or sample shape unlike the first run's.
+  CHECK_THROWS_WITH_AS(aoti->run({x.to(at::kDouble)}), doctest::Contains("first run with"), nitro::Error);
+  CHECK_THROWS_WITH_AS(aoti->run({torch::randn({5, 3, 16, 16})}), doctest::Contains("first run with"), nitro::Error);
 
   for (bool optimize : {true, false}) {
     CAPTURE(optimize);

@@ -140,4 +140,7 @@ TEST_CASE("prepare: eval, no gradients, folded, channels-last, and the Basic run
   CHECK(bf16->parameters().front().scalar_type() == at::kBFloat16);
   const double tolerance = 0.05 * (1.0 + expected.abs().max().item<double>());  // bf16: 8 bits of mantissa
   CHECK((bf16->forward(x.to(at::kBFloat16)).to(at::kFloat) - expected).abs().max().item<double>() < tolerance);
+  // The runner converts float inputs to the prepared model's dtype.
+  nitro::infer::Runner<nitro::infer::level::Basic> run_bf16{nitro::infer::module_model(bf16)};
+  CHECK((run_bf16(x).to(at::kFloat) - expected).abs().max().item<double>() < tolerance);
 }

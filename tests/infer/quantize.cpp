@@ -72,8 +72,9 @@ TEST_CASE("DynamicInt8Linear: close to the fp32 layer, per channel and per tenso
     // 8-bit weights and 7-bit activations: about 1% of the output's range.
     CHECK((got - expected).abs().max().item<double>() < 0.03 * range);
     CHECK((got - expected).abs().max().item<double>() > 0);  // it did quantise
-    // Leading dimensions are kept.
+    // Leading dimensions are kept; a 1-d input is one sample.
     CHECK(q->forward(x.reshape({2, 4, 256})).sizes() == c10::IntArrayRef{2, 4, 64});
+    CHECK(torch::equal(q->forward(x[0]), q->forward(x.slice(0, 0, 1))[0]));
   }
   nitro::infer::DynamicInt8Linear q(fp32);
   CHECK_THROWS_WITH_AS(q->forward(torch::randn({8, 255})), doctest::Contains("last dimension 256"), nitro::Error);

@@ -13,12 +13,18 @@
 // c10::InferenceMode.
 //
 // What a caller gets, exactly once per request:
-//  - its row of the output (a view of the batch's output tensor; `.clone()` it to keep it alone);
+//  - its row of the output: a view of the batch's output tensor, made under c10::InferenceMode (an
+//    inference tensor: it cannot be changed in place or enter autograd outside that mode); `.clone()`
+//    it to keep it alone or to change it;
 //  - infer::RequestExpired if its deadline passed before its batch was formed (no late answer);
 //  - the model's exception if its batch failed (other batches are not touched);
 //  - infer::BatcherStopped if the batcher was shut down with `Shutdown::fail_pending` before it ran.
-// submit itself throws nitro::Error for a full queue (`when_full = Reject`; `Block` waits for room), an
-// input whose shape differs from the first one's, and after shutdown.
+// submit itself throws nitro::Error for a full queue (`when_full = Reject`; `Block` waits for room, and
+// throws RequestExpired if the request's deadline passes first), an input whose shape, dtype or device
+// differs from the first one's or that is not dense, and after shutdown.
+//
+// A deadline also shortens the gathering: a batch is formed no later than 200 us before the earliest
+// deadline in the queue, so a lone request with a deadline shorter than max_delay is run, not expired.
 //
 // Shutdown (`shutdown()`, or the destructor) by default answers every pending request, then joins the
 // worker; `shutdown(Shutdown::fail_pending)` fails them with BatcherStopped instead.
@@ -93,11 +99,13 @@ template <class Fn>
 class DynamicBatcher {
  public:
   using clock = std::chrono::steady_clock;
+  /// How long before a queued request's deadline its batch is formed at the latest.
+  static constexpr std::chrono::microseconds kDeadlineMargin{200};
 
   explicit DynamicBatcher(Fn model, BatcherOptions options = {}) : model_(std::move(model)), options_(options) {
     NITRO_CHECK(options_.max_batch >= 1, "infer::DynamicBatcher: max_batch must be >= 1, got ", options_.max_batch);
-    NITRO_CHECK(options_.max_delay.count() >= 0, "infer::DynamicBatcher: max_delay must be >= 0, got ",
-                options_.max_delay.count(), " us");
+    NITRO_CHECK(options_.max_delay.count() >= 0 && options_.max_delay <= std::chrono::hours(1),
+                "infer::DynamicBatcher: max_delay must be in [0, 1 h], got ", options_.max_delay.count(), " us");
     NITRO_CHECK(options_.queue_capacity >= static_cast<size_t>(options_.max_batch),
                 "infer::DynamicBatcher: queue_capacity (", options_.queue_capacity, ") must be >= max_batch (",
                 options_.max_batch, ")");
@@ -117,27 +125,46 @@ class DynamicBatcher {
     auto future = r.promise.get_future();
     std::unique_lock lock(mutex_);
     NITRO_CHECK(!stopping_, "infer::DynamicBatcher::submit: the batcher has been shut down");
+    NITRO_CHECK(r.input.layout() == c10::kStrided,
+                "infer::DynamicBatcher::submit: the input must be a dense (strided) tensor, got layout ",
+                r.input.layout(), "; call .to_dense() first");
     if (!shape_known_) {
       shape_ = r.input.sizes().vec();
       dtype_ = r.input.scalar_type();
+      device_ = r.input.device();
       shape_known_ = true;
     }
-    NITRO_CHECK(r.input.sizes().vec() == shape_ && r.input.scalar_type() == dtype_,
-                "infer::DynamicBatcher::submit: every input must have the first one's shape and dtype (",
-                c10::IntArrayRef(shape_), " ", c10::toString(dtype_), "), got ", r.input.sizes(), " ",
-                c10::toString(r.input.scalar_type()), "; one batcher per input shape");
+    // Checked here, so that one caller's odd input cannot fail the other requests of its batch.
+    NITRO_CHECK(r.input.sizes().vec() == shape_ && r.input.scalar_type() == dtype_ && r.input.device() == device_,
+                "infer::DynamicBatcher::submit: every input must have the first one's shape, dtype and device (",
+                c10::IntArrayRef(shape_), " ", c10::toString(dtype_), " on ", device_, "), got ", r.input.sizes(), " ",
+                c10::toString(r.input.scalar_type()), " on ", r.input.device(), "; one batcher per input shape");
     if (queue_.size() >= options_.queue_capacity) {
       if (options_.when_full == BatcherOptions::WhenFull::Reject) {
         ++stats_.rejected;
         nitro::detail::fail("infer::DynamicBatcher::submit: the queue is full (", options_.queue_capacity,
                             " requests waiting); retry later, raise queue_capacity, or set when_full = Block");
       }
-      room_.wait(lock, [&] { return queue_.size() < options_.queue_capacity || stopping_; });
+      const auto has_room = [&] { return queue_.size() < options_.queue_capacity || stopping_; };
+      if (r.deadline) {
+        if (!room_.wait_until(lock, *r.deadline, has_room)) {
+          ++stats_.expired;
+          throw RequestExpired("infer::DynamicBatcher::submit: the deadline passed while waiting for room in the "
+                               "full queue (when_full = Block)");
+        }
+      } else {
+        room_.wait(lock, has_room);
+      }
       NITRO_CHECK(!stopping_, "infer::DynamicBatcher::submit: the batcher was shut down while waiting for room");
     }
     queue_.push_back(std::move(r));
+    // The worker waits for the first request (which starts the max_delay clock) and then for a full
+    // batch: only those two moments wake it, not every submit (16 clients: 2 wake-ups a batch, not 16).
+    // A deadline may end the gathering earlier than the wait in progress assumed.
+    const bool wake = queue_.size() == 1 || queue_.size() >= static_cast<size_t>(options_.max_batch) ||
+                      queue_.back().deadline.has_value();
     lock.unlock();
-    arrived_.notify_one();
+    if (wake) arrived_.notify_one();
     return future;
   }
 
@@ -152,18 +179,25 @@ class DynamicBatcher {
     }
     arrived_.notify_all();
     room_.notify_all();
+    std::lock_guard join_lock(join_mutex_);
     if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
   }
 
   /// A copy of the counters and the percentiles over the last `stats_window` requests.
   [[nodiscard]] BatcherStats stats() const {
-    std::lock_guard lock(mutex_);
-    BatcherStats s = stats_;
-    s.batch_sizes = batch_sizes_;
-    s.queue_wait_p50_ms = percentile(waits_, 0.50);
-    s.queue_wait_p99_ms = percentile(waits_, 0.99);
-    s.latency_p50_ms = percentile(latencies_, 0.50);
-    s.latency_p99_ms = percentile(latencies_, 0.99);
+    BatcherStats s;
+    std::vector<double> waits, latencies;
+    {
+      std::lock_guard lock(mutex_);  // copied under the lock, sorted outside it
+      s = stats_;
+      s.batch_sizes = batch_sizes_;
+      waits = waits_;
+      latencies = latencies_;
+    }
+    s.queue_wait_p50_ms = percentile(waits, 0.50);
+    s.queue_wait_p99_ms = percentile(waits, 0.99);
+    s.latency_p50_ms = percentile(latencies, 0.50);
+    s.latency_p99_ms = percentile(latencies, 0.99);
     return s;
   }
 
@@ -176,6 +210,16 @@ class DynamicBatcher {
     clock::time_point submitted;
     std::optional<clock::time_point> deadline;
   };
+
+  /// When gathering must stop: the oldest request's max_delay, or the earliest deadline in the queue
+  /// less a margin for waking up and forming the batch (a request is run only if its deadline has not
+  /// passed when its batch is formed).
+  clock::time_point gather_until() const {
+    auto until = queue_.front().submitted + options_.max_delay;
+    for (const auto& r : queue_)
+      if (r.deadline && *r.deadline - kDeadlineMargin < until) until = *r.deadline - kDeadlineMargin;
+    return until;
+  }
 
   static double percentile(std::vector<double> v, double q) {
     if (v.empty()) return 0.0;
@@ -202,6 +246,7 @@ class DynamicBatcher {
     std::vector<at::Tensor> inputs;
     inputs.reserve(static_cast<size_t>(options_.max_batch));
     for (;;) {
+      clock::time_point formed;
       {
         std::unique_lock lock(mutex_);
         arrived_.wait(lock, [&] { return !queue_.empty() || stopping_; });
@@ -217,11 +262,27 @@ class DynamicBatcher {
                 BatcherStopped("infer::DynamicBatcher: shut down before this request ran")));
           continue;
         }
-        // Wait for a full batch, but not past the oldest request's max_delay (nor on shutdown).
-        const auto until = queue_.front().submitted + options_.max_delay;
-        arrived_.wait_until(lock, until, [&] {
-          return queue_.size() >= static_cast<size_t>(options_.max_batch) || stopping_;
-        });
+        // Wait for a full batch, but not past the oldest request's max_delay, nor so long that a queued
+        // request's deadline passes while it waits (nor on shutdown). A submit with a deadline wakes
+        // this wait, which then looks again.
+        // `formed`: the moment deadlines are checked against. When the gathering ends on its own
+        // timer, the moment it was due, not the moment this thread was scheduled again: the worker's
+        // wake-up latency does not expire a request that the wait itself was timed to serve.
+        const auto gather_start = clock::now();
+        for (;;) {
+          if (queue_.size() >= static_cast<size_t>(options_.max_batch) || stopping_) {
+            formed = clock::now();
+            break;
+          }
+          const auto until = gather_until();
+          const auto now = clock::now();
+          if (now >= until) {
+            formed = std::max(gather_start, std::min(now, until));
+            break;
+          }
+          arrived_.wait_until(lock, until);
+        }
+        if (stopping_ && fail_pending_) continue;  // failed above, on the next turn
         const size_t n = std::min(queue_.size(), static_cast<size_t>(options_.max_batch));
         for (size_t i = 0; i < n; ++i) {
           batch.push_back(std::move(queue_.front()));
@@ -229,19 +290,19 @@ class DynamicBatcher {
         }
       }
       room_.notify_all();
-      run(batch, inputs);
+      run(batch, inputs, formed);
       batch.clear();
       inputs.clear();
     }
   }
 
   // Counters are updated before any promise is fulfilled, so a caller holding its answer sees them.
-  void run(std::vector<Request>& batch, std::vector<at::Tensor>& inputs) {
+  void run(std::vector<Request>& batch, std::vector<at::Tensor>& inputs, clock::time_point formed) {
     const auto start = clock::now();
     // Expired requests are left out of the batch and answered with an error.
     size_t expired = 0;
     for (auto& r : batch) {
-      if (r.deadline && *r.deadline < start) {
+      if (r.deadline && *r.deadline < formed) {
         r.input = at::Tensor();
         ++expired;
       } else {
@@ -278,14 +339,16 @@ class DynamicBatcher {
     }
     int64_t row = 0;
     for (auto& r : batch) {
+      // The promise goes at once, so the caller usually holds the last reference to what it gets.
+      std::promise<at::Tensor> promise = std::move(r.promise);
       if (!r.input.defined()) {
-        r.promise.set_exception(std::make_exception_ptr(RequestExpired(
-            "infer::DynamicBatcher: the request's deadline passed " + std::to_string(ms(start - *r.deadline)) +
+        promise.set_exception(std::make_exception_ptr(RequestExpired(
+            "infer::DynamicBatcher: the request's deadline passed " + std::to_string(ms(formed - *r.deadline)) +
             " ms before its batch was formed")));
       } else if (error) {
-        r.promise.set_exception(error);
+        promise.set_exception(error);
       } else {
-        r.promise.set_value(out[row++]);
+        promise.set_value(out[row++]);
       }
     }
   }
@@ -301,6 +364,8 @@ class DynamicBatcher {
   bool shape_known_ = false;
   std::vector<int64_t> shape_;
   c10::ScalarType dtype_ = c10::ScalarType::Undefined;
+  c10::Device device_{c10::kCPU};
+  std::mutex join_mutex_;  // two threads shutting down at once: one joins, the other waits for it
   BatcherStats stats_;
   std::vector<uint64_t> batch_sizes_;
   std::vector<double> waits_, latencies_;

@@ -59,14 +59,38 @@ class AotiModel final : public Model {
       loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(path, name, false, runners);
       const auto meta = loader_->get_metadata();
       const auto it = meta.find("AOTI_DEVICE_KEY");
-      device_ = c10::Device(it != meta.end() ? it->second : std::string("cpu"));
+      NITRO_CHECK(it != meta.end(), "infer::load_aoti: '", path, "' names no device in its metadata "
+                  "(AOTI_DEVICE_KEY); export it again with this PyTorch's aoti_compile_and_package");
+      device_ = c10::Device(it->second);
     } catch (const c10::Error& e) {
       fail_load(path, name, e.what_without_backtrace());
     } catch (const std::exception& e) {
       fail_load(path, name, e.what());
     }
   }
-  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override { return loader_->run(inputs); }
+  // AOTInductor's generated code checks its inputs only when AOTI_RUNTIME_CHECK_INPUTS=1 is set; without
+  // that, a wrong dtype or shape runs and returns garbage. The first run fixes each input's dtype and
+  // sample shape (all but the batch dimension); a later run that differs is refused.
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
+    if (expected_.empty()) {
+      for (const auto& t : inputs) expected_.push_back({t.scalar_type(), t.sizes().slice(t.dim() ? 1 : 0).vec()});
+    } else {
+      NITRO_CHECK(inputs.size() == expected_.size(), "infer::load_aoti: the model was first run with ",
+                  expected_.size(), " inputs, now ", inputs.size());
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        const auto& t = inputs[i];
+        NITRO_CHECK(t.scalar_type() == expected_[i].dtype && t.dim() >= 1 &&
+                        t.sizes().slice(1).vec() == expected_[i].sample,
+                    "infer::load_aoti: input ", i, " is ", c10::toString(t.scalar_type()), " ", t.sizes(),
+                    "; the model was first run with ", c10::toString(expected_[i].dtype), " [batch, ",
+                    c10::IntArrayRef(expected_[i].sample), "] (a compiled model does not check its inputs)");
+      }
+    }
+    for (const auto& t : inputs)
+      NITRO_CHECK(t.device() == device_, "infer::load_aoti: an input is on ", t.device(), ", the model on ", device_,
+                  " (infer::Runner moves inputs for you)");
+    return loader_->run(inputs);
+  }
   [[noreturn]] static void fail_load(const std::string& path, const std::string& name, const char* why) {
     nitro::detail::fail("infer::load_aoti: '", path, "' could not be loaded as an AOTInductor package (model '",
                         name, "'): ", why,
@@ -76,8 +100,13 @@ class AotiModel final : public Model {
   [[nodiscard]] std::string kind() const override { return "aoti"; }
 
  private:
+  struct Expected {
+    c10::ScalarType dtype;
+    std::vector<int64_t> sample;
+  };
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
   c10::Device device_{c10::kCPU};
+  std::vector<Expected> expected_;
 };
 
 class TorchScriptModel final : public Model {

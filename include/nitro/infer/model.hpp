@@ -2,7 +2,7 @@
 // One interface over the ways a trained model is served.
 //
 //   nitro::infer::Model           what the runner and the batcher call: tensors in, tensors out
-//   nitro::infer::module_model()  a torch::nn module (eager; `prepare` it first: infer/prepare.hpp)
+//   nitro::infer::module_model()  a torch::nn module (eager; `prepare` it first: infer/runner.hpp)
 //   nitro::infer::load_aoti()     an AOTInductor package (infer/compiled.hpp): the primary compiled path
 //   nitro::infer::load_torchscript()  a TorchScript file (infer/compiled.hpp): the legacy loader
 //
@@ -18,6 +18,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -34,6 +35,9 @@ class Model {
   [[nodiscard]] virtual c10::Device device() const = 0;
   /// "module", "aoti" or "torchscript", for reports.
   [[nodiscard]] virtual std::string kind() const = 0;
+  /// The floating dtype its inputs must have, where the model knows it (a module: its parameters'):
+  /// the Runner converts floating inputs to it. Empty: inputs are passed as they are.
+  [[nodiscard]] virtual std::optional<c10::ScalarType> dtype() const { return std::nullopt; }
 };
 
 namespace detail {
@@ -41,7 +45,8 @@ namespace detail {
 template <class Holder>
 class ModuleModel final : public Model {
  public:
-  ModuleModel(Holder module, c10::Device device) : module_(std::move(module)), device_(device) {}
+  ModuleModel(Holder module, c10::Device device, std::optional<c10::ScalarType> dtype)
+      : module_(std::move(module)), device_(device), dtype_(dtype) {}
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) override {
     NITRO_CHECK(inputs.size() == 1, "infer::module_model: a torch::nn module takes one input tensor, got ",
                 inputs.size());
@@ -49,16 +54,19 @@ class ModuleModel final : public Model {
   }
   [[nodiscard]] c10::Device device() const override { return device_; }
   [[nodiscard]] std::string kind() const override { return "module"; }
+  [[nodiscard]] std::optional<c10::ScalarType> dtype() const override { return dtype_; }
 
  private:
   Holder module_;
   c10::Device device_;
+  std::optional<c10::ScalarType> dtype_;
 };
 
 }  // namespace detail
 
-/// A torch::nn module holder whose forward takes one tensor and returns one, as a Model. The device is
-/// that of its first parameter (the CPU for a module without parameters).
+/// A torch::nn module holder whose forward takes one tensor and returns one, as a Model. The device and
+/// the input dtype are those of its first parameter (the CPU and none for a module without
+/// parameters); take the Model after `prepare`, which may move and convert them.
 template <class Holder>
   requires requires(Holder h, at::Tensor t) {
     { h->forward(t) } -> std::convertible_to<at::Tensor>;
@@ -68,7 +76,9 @@ std::shared_ptr<Model> module_model(Holder module) {
   NITRO_CHECK(!module.is_empty(), "infer::module_model: the module holder is empty (default-constructed)");
   const auto params = module->parameters();
   const c10::Device device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
-  return std::make_shared<detail::ModuleModel<Holder>>(std::move(module), device);
+  std::optional<c10::ScalarType> dtype;
+  if (!params.empty() && params.front().is_floating_point()) dtype = params.front().scalar_type();
+  return std::make_shared<detail::ModuleModel<Holder>>(std::move(module), device, dtype);
 }
 
 }  // namespace nitro::infer

@@ -103,15 +103,17 @@ class DynamicInt8LinearImpl : public torch::nn::Module {
     packed_ = std::move(stack.at(0));
   }
 
-  /// float32 input [..., in_features] -> float32 [..., out_features].
+  /// float32 input [..., in_features] -> float32 [..., out_features] (a 1-d input: one sample).
   at::Tensor forward(const at::Tensor& input) {
     NITRO_CHECK(input.dim() >= 1 && input.size(-1) == in_features_ && input.scalar_type() == at::kFloat &&
                     input.device().is_cpu(),
                 "infer::DynamicInt8Linear: expected a float32 CPU input of last dimension ", in_features_, ", got ",
                 c10::toString(input.scalar_type()), " ", input.sizes(), " on ", input.device());
-    torch::jit::Stack stack{c10::IValue(input.contiguous()), packed_, c10::IValue(true)};
+    const bool one = input.dim() == 1;  // the quantized op wants at least [batch, in_features]
+    torch::jit::Stack stack{c10::IValue((one ? input.unsqueeze(0) : input).contiguous()), packed_, c10::IValue(true)};
     detail::linear_dynamic_op().callBoxed(&stack);
-    return std::move(stack.at(0)).toTensor();
+    at::Tensor out = std::move(stack.at(0)).toTensor();
+    return one ? out.squeeze(0) : out;
   }
 
   void pretty_print(std::ostream& out) const override {

@@ -92,8 +92,10 @@ PrepareOptions options_of(c10::Device device) {
 }
 
 /// `module` ready to serve: eval mode, parameters without gradients, folded (if it is a Sequential
-/// and `fold_conv_bn`), moved and converted as `options` say. A Sequential comes back as a new one
-/// (folding replaces modules); any other module is changed in place and returned.
+/// and `fold_conv_bn`), moved and converted as `options` say. It consumes the module: a Sequential
+/// comes back as a new one (folding replaces modules) that shares its other modules with the input,
+/// which are changed in place (eval, no gradients, device, dtype, layout); any other module is
+/// changed in place and returned. Keep a `clone()` if the original is still needed (for training).
 template <class Holder>
 Holder prepare(Holder module, const PrepareOptions& options = {}) {
   NITRO_CHECK(!module.is_empty(), "infer::prepare: the module holder is empty (default-constructed)");
@@ -112,8 +114,9 @@ Holder prepare(Holder module, const PrepareOptions& options = {}) {
   return module;
 }
 
-/// Runs batches through a Model as its level says. Inputs are moved to the model's device (and to
-/// channels-last where the level says so); outputs come back in float32 when the level autocasts.
+/// Runs batches through a Model as its level says. Inputs are moved to the model's device, floating
+/// ones converted to its dtype (a half or bf16 prepared module), and made channels-last where the level
+/// says so; outputs come back in float32 when the level autocasts.
 /// Not thread-safe: one runner per thread, or the DynamicBatcher's one worker.
 template <InferLevel L = level::Basic>
 class Runner {
@@ -138,8 +141,11 @@ class Runner {
     const c10::Device device = model_->device();
     std::vector<at::Tensor> moved;
     moved.reserve(inputs.size());
+    const auto dtype = model_->dtype();
     for (const auto& t : inputs) {
-      at::Tensor x = t.device() == device ? t : t.to(device, /*non_blocking=*/true);
+      // non_blocking only towards a GPU: a copy to the CPU must have landed before the CPU reads it.
+      at::Tensor x = t.device() == device ? t : t.to(device, /*non_blocking=*/device.is_cuda());
+      if (dtype && x.is_floating_point() && x.scalar_type() != *dtype) x = x.to(*dtype);
       if constexpr (L::channels_last) {
         if (x.dim() == 4) x = x.contiguous(c10::MemoryFormat::ChannelsLast);
       }
