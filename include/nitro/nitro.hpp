@@ -48,6 +48,7 @@
 
 #include <nitro/data/pinned_pool.hpp>
 #include <nitro/data/prefetcher.hpp>
+#include <nitro/data/record_file.hpp>
 #include <nitro/data/sampler.hpp>
 #include <nitro/data/source.hpp>
 #include <nitro/data/synthetic.hpp>

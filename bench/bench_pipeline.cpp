@@ -1,0 +1,115 @@
+// bench_pipeline: the input side (include/nitro/data/).
+//
+//   RESULT recordfile_vs_torch_load=<samples/s from a RecordFile / from torch::load per sample> goal>=5
+//       about 1 GB of uint8 3x224x224 images with int64 labels (7000 samples), written once as one
+//       record file and as one torch::save file per sample; an epoch reads every sample in a shuffled
+//       order and stacks batches of 64 (the copy into a batch is the read for both); both from the page
+//       cache (one untimed epoch each first), alternating epochs, medians
+//
+// batched_augment_speedup (issue 17) is not measured yet: data::augment does not exist yet.
+//
+//   build-release/bench/bench_pipeline [--samples 7000] [--rounds 3]
+#include <nitro/data/record_file.hpp>
+#include <nitro/io/file.hpp>
+
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randperm.h>
+#include <ATen/ops/stack.h>
+#include <torch/serialize.h>
+
+#include "common.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+int main(int argc, char** argv) try {
+  int64_t samples = 7000;
+  int rounds = 3;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--samples")) samples = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--rounds")) rounds = std::atoi(argv[i + 1]);
+  }
+  const fs::path dir = fs::temp_directory_path() / ("nitro-bench-pipeline-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "tensors");
+  struct Cleanup {
+    fs::path p;
+    ~Cleanup() {
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(p / "tensors", ec)) fs::remove(e.path(), ec);
+      fs::remove(p / "tensors", ec);
+      fs::remove(p / "data.nrec", ec);
+      fs::remove(p, ec);
+    }
+  } cleanup{dir};
+
+  std::printf("bench_pipeline: cpu (%s), %lld samples of uint8 3x224x224 (%.2f GB), %d rounds\n",
+              nitro::bench::machine().c_str(), static_cast<long long>(samples), samples * 150528 / 1e9, rounds);
+  {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+    nitro::data::RecordWriter w(dir / "data.nrec", {{"image", at::kByte, {3, 224, 224}}, {"label", at::kLong, {}}},
+                                {.chunk_records = 256, .fsync = false});
+    for (int64_t i = 0; i < samples; ++i) {
+      const auto image = at::randint(0, 256, {3, 224, 224}, gen, at::TensorOptions().dtype(at::kByte));
+      w.write({image, at::scalar_tensor(i % 1000, at::kLong)});
+      char name[64];
+      std::snprintf(name, sizeof name, "%07lld.pt", static_cast<long long>(i));
+      torch::save(image, (dir / "tensors" / name).string());
+    }
+    w.close();
+  }
+  auto file = nitro::data::RecordFile::open(dir / "data.nrec");
+  const auto order = at::randperm(samples, at::TensorOptions().dtype(at::kLong));
+  const auto* idx = order.data_ptr<int64_t>();
+  std::vector<std::string> names(static_cast<size_t>(samples));
+  for (int64_t i = 0; i < samples; ++i) {
+    char name[64];
+    std::snprintf(name, sizeof name, "%07lld.pt", static_cast<long long>(i));
+    names[static_cast<size_t>(i)] = (dir / "tensors" / name).string();
+  }
+  int64_t checksum_a = 0, checksum_b = 0;
+  const auto epoch_records = [&] {
+    std::vector<at::Tensor> batch;
+    for (int64_t i = 0; i < samples; ++i) {
+      batch.push_back(file->record(idx[i])[0]);
+      if (batch.size() == 64 || i + 1 == samples) {
+        checksum_a += at::stack(batch)[0][0][0][0].item<int64_t>();
+        batch.clear();
+      }
+    }
+  };
+  const auto epoch_torch_load = [&] {
+    std::vector<at::Tensor> batch;
+    for (int64_t i = 0; i < samples; ++i) {
+      at::Tensor t;
+      torch::load(t, names[static_cast<size_t>(idx[i])]);
+      batch.push_back(std::move(t));
+      if (batch.size() == 64 || i + 1 == samples) {
+        checksum_b += at::stack(batch)[0][0][0][0].item<int64_t>();
+        batch.clear();
+      }
+    }
+  };
+  epoch_records();  // warm-up: the page cache, the chunk checksums
+  epoch_torch_load();
+  checksum_a = checksum_b = 0;
+  auto [ta, tb] = nitro::bench::interleaved(epoch_records, epoch_torch_load, rounds, 1);
+  const double ra = samples / nitro::bench::median(ta), rb = samples / nitro::bench::median(tb);
+  std::printf("\nread a shuffled epoch, batches of 64             samples/s      GB/s\n");
+  std::printf("torch::load, one file per sample              %10.0f %9.2f\n", rb, rb * 150528 / 1e9);
+  std::printf("data::RecordFile (mapped, views)              %10.0f %9.2f\n", ra, ra * 150528 / 1e9);
+  std::printf("same samples read: %s\n\n", checksum_a == checksum_b ? "yes" : "NO");
+  nitro::bench::result("recordfile_vs_torch_load", ra / rb, ">=", 5.0);
+  std::printf("batched_augment_speedup: not measured (data::augment is not written yet)\n");
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_pipeline: %s\n", e.what());
+  return 1;
+}

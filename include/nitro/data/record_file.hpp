@@ -1,0 +1,406 @@
+#pragma once
+// Files of fixed-shape records, read through a memory mapping without copying.
+//
+//   nitro::data::RecordWriter    writes records (e.g. a uint8 3x224x224 image and an int64 label each)
+//   nitro::data::RecordFile      maps a record file; record(i) returns tensors that view the mapping
+//   nitro::data::RecordDataset   a torch::data data set over a RecordFile (field 0 -> data, 1 -> target)
+//
+//   nitro::data::RecordWriter w("train.nrec", {{"image", at::kByte, {3, 224, 224}}, {"label", at::kLong, {}}});
+//   for (...) w.write({image_u8, label});
+//   w.close();                                              // fsync, then renamed into place
+//
+//   auto file = nitro::data::RecordFile::open("train.nrec");
+//   std::vector<at::Tensor> r = file->record(17);           // views: no copy, no read until touched
+//
+// Layout (little-endian): a 4096-byte header (magic "NITROREC", version, record size, records per
+// chunk, each field's name, dtype, shape and offset in the record, and an XXH64 of the header), the
+// records back to back (each field 8-byte aligned), and a footer (an XXH64 per chunk of records, the
+// record count, an XXH64 of the footer, magic "NRECEND1"). The file is written under a temporary name,
+// fsynced and renamed (io::AtomicFile): a reader never sees half a file.
+//
+// Opening checks the header, the footer and the size, so a truncated or foreign file is a nitro::Error
+// naming the problem; each chunk's checksum is verified the first time one of its records is read
+// (`Verify::lazy`, the default), all at open (`eager`), or never (`none`). The mapping is private:
+// writing into a returned view changes this process's copy, never the file. A view keeps the mapping
+// alive as long as it lives.
+#include <nitro/core/error.hpp>
+#include <nitro/io/file.hpp>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/ScalarType.h>
+#include <torch/data/datasets/base.h>
+#include <torch/data/example.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace nitro::data {
+
+/// One field of a record: a name, a dtype and a fixed shape ({} for a scalar).
+struct RecordField {
+  std::string name;
+  c10::ScalarType dtype = c10::ScalarType::Byte;
+  std::vector<int64_t> shape;
+};
+
+namespace detail::rec {
+
+inline constexpr char kMagic[8] = {'N', 'I', 'T', 'R', 'O', 'R', 'E', 'C'};
+inline constexpr char kEndMagic[8] = {'N', 'R', 'E', 'C', 'E', 'N', 'D', '1'};
+inline constexpr uint32_t kVersion = 1;
+inline constexpr size_t kHeaderBytes = 4096;
+inline constexpr size_t kMaxFields = 16;
+inline constexpr size_t kMaxDims = 8;
+inline constexpr size_t kNameBytes = 32;
+inline constexpr size_t kFieldBytes = kNameBytes + 4 + 4 + 8 + 8 * kMaxDims;  // 112
+inline constexpr size_t kFieldsAt = 40;
+inline constexpr size_t kFooterTail = 8 * 3 + 8;  // count, chunks, footer hash, magic
+
+template <class T>
+void put(std::vector<unsigned char>& b, size_t at, T v) {
+  std::memcpy(b.data() + at, &v, sizeof v);  // little-endian machines only (x86-64, aarch64)
+}
+template <class T>
+T get(const unsigned char* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+inline uint64_t hash(const unsigned char* p, size_t n) {
+  return io::xxh64(std::span<const std::byte>(reinterpret_cast<const std::byte*>(p), n));
+}
+
+/// Field offsets within a record (8-byte aligned) and the record's size.
+inline std::pair<std::vector<uint64_t>, uint64_t> layout(const std::vector<RecordField>& fields) {
+  std::vector<uint64_t> offsets;
+  uint64_t at = 0;
+  for (const auto& f : fields) {
+    offsets.push_back(at);
+    at += static_cast<uint64_t>(numel(f.shape)) * c10::elementSize(f.dtype);
+    at = (at + 7) / 8 * 8;
+  }
+  return {offsets, at};
+}
+
+inline void check_fields(const std::vector<RecordField>& fields) {
+  NITRO_CHECK(!fields.empty() && fields.size() <= kMaxFields, "data::RecordWriter: a record has 1 to ", kMaxFields,
+              " fields, got ", fields.size());
+  for (const auto& f : fields) {
+    NITRO_CHECK(!f.name.empty() && f.name.size() < kNameBytes, "data::RecordWriter: a field name has 1 to ",
+                kNameBytes - 1, " characters, got '", f.name, "'");
+    NITRO_CHECK(f.shape.size() <= kMaxDims, "data::RecordWriter: field '", f.name, "' has ", f.shape.size(),
+                " dimensions; at most ", kMaxDims);
+    for (auto d : f.shape)
+      NITRO_CHECK(d >= 0, "data::RecordWriter: field '", f.name, "' has a negative dimension");
+    NITRO_CHECK(f.dtype != c10::ScalarType::Undefined && !c10::isQIntType(f.dtype) && !c10::isComplexType(f.dtype),
+                "data::RecordWriter: field '", f.name, "': dtype ", c10::toString(f.dtype),
+                " is not storable; use a real or integer dtype");
+  }
+}
+
+}  // namespace detail::rec
+
+/// Writes a record file (see the top of this file). Every record is checked against the fields.
+class RecordWriter {
+ public:
+  struct Options {
+    /// Records per checksummed chunk, >= 1.
+    int64_t chunk_records = 1024;
+    /// fsync before the rename (off only for scratch files).
+    bool fsync = true;
+  };
+
+  RecordWriter(const std::filesystem::path& path, std::vector<RecordField> fields)
+      : RecordWriter(path, std::move(fields), Options{}) {}
+  RecordWriter(const std::filesystem::path& path, std::vector<RecordField> fields, Options options)
+      : fields_(std::move(fields)), o_(options), file_(path, io::AtomicFile::Options{.fsync = options.fsync}) {
+    namespace r = detail::rec;
+    r::check_fields(fields_);
+    NITRO_CHECK(o_.chunk_records >= 1, "data::RecordWriter: chunk_records must be >= 1, got ", o_.chunk_records);
+    auto [offsets, bytes] = r::layout(fields_);
+    offsets_ = std::move(offsets);
+    record_bytes_ = bytes;
+    NITRO_CHECK(record_bytes_ > 0, "data::RecordWriter: every field is empty; a record must hold some bytes");
+    std::vector<unsigned char> h(r::kHeaderBytes, 0);
+    std::memcpy(h.data(), r::kMagic, 8);
+    r::put<uint32_t>(h, 8, r::kVersion);
+    r::put<uint32_t>(h, 12, static_cast<uint32_t>(r::kHeaderBytes));
+    r::put<uint64_t>(h, 16, record_bytes_);
+    r::put<uint64_t>(h, 24, static_cast<uint64_t>(o_.chunk_records));
+    r::put<uint32_t>(h, 32, static_cast<uint32_t>(fields_.size()));
+    for (size_t i = 0; i < fields_.size(); ++i) {
+      const auto& f = fields_[i];
+      const size_t at = r::kFieldsAt + i * r::kFieldBytes;
+      std::memcpy(h.data() + at, f.name.data(), f.name.size());
+      r::put<int32_t>(h, at + r::kNameBytes, static_cast<int32_t>(f.dtype));
+      r::put<int32_t>(h, at + r::kNameBytes + 4, static_cast<int32_t>(f.shape.size()));
+      r::put<uint64_t>(h, at + r::kNameBytes + 8, offsets_[i]);
+      for (size_t d = 0; d < f.shape.size(); ++d) r::put<int64_t>(h, at + r::kNameBytes + 16 + 8 * d, f.shape[d]);
+    }
+    r::put<uint64_t>(h, r::kHeaderBytes - 8, r::hash(h.data(), r::kHeaderBytes - 8));
+    file_.write(h.data(), h.size());
+    buffer_.assign(record_bytes_, 0);
+  }
+  RecordWriter(const RecordWriter&) = delete;
+  RecordWriter& operator=(const RecordWriter&) = delete;
+  /// Without close(), nothing is written under the target name (the temporary file is removed).
+  ~RecordWriter() = default;
+
+  /// Appends one record: one tensor per field, of its shape (any dtype convertible to the field's,
+  /// on any device).
+  void write(const std::vector<at::Tensor>& values) {
+    NITRO_CHECK(!closed_, "data::RecordWriter::write: the writer is closed");
+    NITRO_CHECK(values.size() == fields_.size(), "data::RecordWriter::write: a record has ", fields_.size(),
+                " fields, got ", values.size(), " tensors");
+    std::fill(buffer_.begin(), buffer_.end(), 0);
+    for (size_t i = 0; i < fields_.size(); ++i) {
+      const auto& f = fields_[i];
+      const auto& v = values[i];
+      NITRO_CHECK(v.defined() && v.sizes().vec() == f.shape, "data::RecordWriter::write: field '", f.name,
+                  "' has shape ", c10::IntArrayRef(f.shape), ", got ",
+                  v.defined() ? c10::str(v.sizes()) : std::string("an undefined tensor"));
+      const at::Tensor c = v.to(c10::kCPU, f.dtype).contiguous();
+      std::memcpy(buffer_.data() + offsets_[i], c.data_ptr(), c.nbytes());
+    }
+    file_.write(buffer_.data(), buffer_.size());
+    chunk_hash_.update(std::span<const std::byte>(reinterpret_cast<const std::byte*>(buffer_.data()), buffer_.size()));
+    if (++count_ % o_.chunk_records == 0) {
+      hashes_.push_back(chunk_hash_.digest());
+      chunk_hash_ = io::Xxh64{};
+    }
+  }
+
+  /// Writes the footer, fsyncs and renames the file into place. Records written so far: count().
+  void close() {
+    namespace r = detail::rec;
+    if (closed_) return;
+    if (count_ % o_.chunk_records != 0) hashes_.push_back(chunk_hash_.digest());
+    std::vector<unsigned char> footer(hashes_.size() * 8 + r::kFooterTail, 0);
+    for (size_t i = 0; i < hashes_.size(); ++i) r::put<uint64_t>(footer, 8 * i, hashes_[i]);
+    const size_t tail = hashes_.size() * 8;
+    r::put<uint64_t>(footer, tail, static_cast<uint64_t>(count_));
+    r::put<uint64_t>(footer, tail + 8, static_cast<uint64_t>(hashes_.size()));
+    r::put<uint64_t>(footer, tail + 16, r::hash(footer.data(), tail + 16));
+    std::memcpy(footer.data() + tail + 24, r::kEndMagic, 8);
+    file_.write(footer.data(), footer.size());
+    file_.finish();
+    (void)file_.commit();  // false: the directory's fsync failed after the rename; the file is in place
+    closed_ = true;
+  }
+
+  [[nodiscard]] int64_t count() const noexcept { return count_; }
+
+ private:
+  std::vector<RecordField> fields_;
+  Options o_;
+  io::AtomicFile file_;
+  std::vector<uint64_t> offsets_;
+  uint64_t record_bytes_ = 0;
+  std::vector<unsigned char> buffer_;
+  io::Xxh64 chunk_hash_;
+  std::vector<uint64_t> hashes_;
+  int64_t count_ = 0;
+  bool closed_ = false;
+};
+
+/// When RecordFile checks its chunks' checksums.
+enum class RecordVerify { lazy, eager, none };
+/// Options of RecordFile::open.
+struct RecordFileOptions {
+  /// lazy: each chunk when one of its records is first read; eager: all at open; none: never.
+  RecordVerify verify = RecordVerify::lazy;
+};
+
+/// A mapped record file (see the top of this file). Thread-safe for reading.
+class RecordFile : public std::enable_shared_from_this<RecordFile> {
+ public:
+  using Verify = RecordVerify;
+  using Options = RecordFileOptions;
+
+  /// Maps `path` and checks its header, footer and size (and every chunk with Verify::eager).
+  static std::shared_ptr<RecordFile> open(const std::filesystem::path& path, Options options = {}) {
+    std::shared_ptr<RecordFile> f(new RecordFile(path, options));
+    if (options.verify == Verify::eager) f->verify();
+    return f;
+  }
+  RecordFile(const RecordFile&) = delete;
+  RecordFile& operator=(const RecordFile&) = delete;
+  ~RecordFile() {
+    if (base_ != nullptr) ::munmap(base_, size_);
+  }
+
+  [[nodiscard]] int64_t size() const noexcept { return count_; }
+  [[nodiscard]] const std::vector<RecordField>& fields() const noexcept { return fields_; }
+  [[nodiscard]] uint64_t record_bytes() const noexcept { return record_bytes_; }
+  /// The mapping, for checks that a view lies inside it.
+  [[nodiscard]] std::span<const std::byte> mapping() const noexcept {
+    return {static_cast<const std::byte*>(base_), size_};
+  }
+
+  /// Record `i`: one tensor per field, each a view of the mapping (no copy). The views keep the file
+  /// mapped; they are CPU tensors, writable (copy-on-write: the file never changes).
+  std::vector<at::Tensor> record(int64_t i) {
+    check_index(i);
+    std::vector<at::Tensor> out;
+    out.reserve(fields_.size());
+    auto self = shared_from_this();
+    auto* rec = record_ptr(i);
+    for (size_t k = 0; k < fields_.size(); ++k) {
+      out.push_back(at::from_blob(
+          rec + offsets_[k], fields_[k].shape, [self](void*) {}, at::TensorOptions().dtype(fields_[k].dtype)));
+    }
+    return out;
+  }
+
+  /// Copies record `i`'s fields into `out` (one tensor per field, of its shape and dtype, e.g. slices
+  /// of a pinned staging batch), without an intermediate tensor.
+  void read_into(int64_t i, const std::vector<at::Tensor>& out) {
+    check_index(i);
+    NITRO_CHECK(out.size() == fields_.size(), "data::RecordFile::read_into: ", fields_.size(),
+                " destination tensors needed, got ", out.size());
+    auto* rec = record_ptr(i);
+    for (size_t k = 0; k < fields_.size(); ++k) {
+      const auto& d = out[k];
+      NITRO_CHECK(d.defined() && d.device().is_cpu() && d.is_contiguous() && d.scalar_type() == fields_[k].dtype &&
+                      d.sizes().vec() == fields_[k].shape,
+                  "data::RecordFile::read_into: destination ", k, " must be a contiguous CPU tensor of ",
+                  c10::toString(fields_[k].dtype), " ", c10::IntArrayRef(fields_[k].shape));
+      std::memcpy(d.data_ptr(), rec + offsets_[k], d.nbytes());
+    }
+  }
+
+  /// Checks every chunk's checksum now; throws nitro::Error naming the first bad chunk.
+  void verify() {
+    for (size_t c = 0; c < hashes_.size(); ++c) check_chunk(c);
+  }
+
+ private:
+  RecordFile(const std::filesystem::path& path, Options options) : path_(path.string()), options_(options) {
+    namespace r = detail::rec;
+    io::Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    NITRO_CHECK(fd, "data::RecordFile: cannot open '", path_, "': ", io::os_error(errno));
+    struct stat st {};
+    NITRO_CHECK(::fstat(fd.get(), &st) == 0, "data::RecordFile: cannot stat '", path_, "': ", io::os_error(errno));
+    size_ = static_cast<size_t>(st.st_size);
+    NITRO_CHECK(size_ >= r::kHeaderBytes + r::kFooterTail, "data::RecordFile: '", path_, "' is ", size_,
+                " bytes, too short for a record file (truncated, or not one)");
+    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd.get(), 0);
+    NITRO_CHECK(p != MAP_FAILED, "data::RecordFile: cannot map '", path_, "': ", io::os_error(errno));
+    base_ = p;
+    const auto* b = static_cast<const unsigned char*>(base_);
+    NITRO_CHECK(std::memcmp(b, r::kMagic, 8) == 0, "data::RecordFile: '", path_,
+                "' is not a Nitro record file (no NITROREC magic); write it with data::RecordWriter or nitro_pack");
+    NITRO_CHECK(r::get<uint32_t>(b + 8) == r::kVersion, "data::RecordFile: '", path_, "' has format version ",
+                r::get<uint32_t>(b + 8), "; this Nitro reads version ", r::kVersion);
+    NITRO_CHECK(r::get<uint64_t>(b + r::kHeaderBytes - 8) == r::hash(b, r::kHeaderBytes - 8),
+                "data::RecordFile: '", path_, "': the header's checksum does not match (a damaged file)");
+    record_bytes_ = r::get<uint64_t>(b + 16);
+    chunk_records_ = r::get<uint64_t>(b + 24);
+    const auto nfields = r::get<uint32_t>(b + 32);
+    NITRO_CHECK(nfields >= 1 && nfields <= r::kMaxFields && chunk_records_ >= 1 && record_bytes_ >= 1,
+                "data::RecordFile: '", path_, "': the header is inconsistent (a damaged file)");
+    for (uint32_t i = 0; i < nfields; ++i) {
+      const auto* f = b + r::kFieldsAt + i * r::kFieldBytes;
+      RecordField field;
+      field.name.assign(reinterpret_cast<const char*>(f), strnlen(reinterpret_cast<const char*>(f), r::kNameBytes));
+      field.dtype = static_cast<c10::ScalarType>(r::get<int32_t>(f + r::kNameBytes));
+      const auto ndim = r::get<int32_t>(f + r::kNameBytes + 4);
+      NITRO_CHECK(ndim >= 0 && static_cast<size_t>(ndim) <= r::kMaxDims, "data::RecordFile: '", path_,
+                  "': the header is inconsistent (a damaged file)");
+      offsets_.push_back(r::get<uint64_t>(f + r::kNameBytes + 8));
+      for (int32_t d = 0; d < ndim; ++d) field.shape.push_back(r::get<int64_t>(f + r::kNameBytes + 16 + 8 * d));
+      fields_.push_back(std::move(field));
+    }
+    // The footer, from the end.
+    const auto* end = b + size_;
+    NITRO_CHECK(std::memcmp(end - 8, r::kEndMagic, 8) == 0, "data::RecordFile: '", path_,
+                "' has no end marker: it is truncated (or was never closed by its writer)");
+    count_ = static_cast<int64_t>(r::get<uint64_t>(end - 32));
+    const auto chunks = r::get<uint64_t>(end - 24);
+    const size_t footer = chunks * 8 + r::kFooterTail;
+    NITRO_CHECK(count_ >= 0 && chunks == (static_cast<uint64_t>(count_) + chunk_records_ - 1) / chunk_records_ &&
+                    size_ == r::kHeaderBytes + static_cast<uint64_t>(count_) * record_bytes_ + footer,
+                "data::RecordFile: '", path_, "' is ", size_, " bytes, which its header and footer do not account for "
+                "(truncated or damaged)");
+    const auto* f = end - footer;
+    NITRO_CHECK(r::get<uint64_t>(end - 16) == r::hash(f, footer - 16), "data::RecordFile: '", path_,
+                "': the footer's checksum does not match (a damaged file)");
+    for (uint64_t c = 0; c < chunks; ++c) hashes_.push_back(r::get<uint64_t>(f + 8 * c));
+    checked_ = std::make_unique<std::atomic<bool>[]>(chunks);
+    for (uint64_t c = 0; c < chunks; ++c) checked_[c] = options_.verify == Verify::none;
+  }
+
+  void check_index(int64_t i) {
+    NITRO_CHECK(i >= 0 && i < count_, "data::RecordFile: record ", i, " is out of range; '", path_, "' has ", count_,
+                " records");
+    const auto c = static_cast<size_t>(static_cast<uint64_t>(i) / chunk_records_);
+    if (!checked_[c].load(std::memory_order_acquire)) check_chunk(c);
+  }
+
+  void check_chunk(size_t c) {
+    const uint64_t first = c * chunk_records_;
+    const uint64_t n = std::min<uint64_t>(chunk_records_, static_cast<uint64_t>(count_) - first);
+    const auto* p = static_cast<const unsigned char*>(base_) + detail::rec::kHeaderBytes + first * record_bytes_;
+    NITRO_CHECK(detail::rec::hash(p, n * record_bytes_) == hashes_[c], "data::RecordFile: '", path_, "': chunk ", c,
+                " (records ", first, " to ", first + n - 1, ") does not match its checksum (a damaged file)");
+    checked_[c].store(true, std::memory_order_release);
+  }
+
+  unsigned char* record_ptr(int64_t i) {
+    return static_cast<unsigned char*>(base_) + detail::rec::kHeaderBytes + static_cast<uint64_t>(i) * record_bytes_;
+  }
+
+  std::string path_;
+  Options options_;
+  void* base_ = nullptr;
+  size_t size_ = 0;
+  uint64_t record_bytes_ = 0, chunk_records_ = 1;
+  int64_t count_ = 0;
+  std::vector<RecordField> fields_;
+  std::vector<uint64_t> offsets_;
+  std::vector<uint64_t> hashes_;
+  std::unique_ptr<std::atomic<bool>[]> checked_;
+};
+
+/// A torch::data data set over a RecordFile: field 0 is the example's data, field 1 (if any) its
+/// target; both views of the mapping.
+///   auto loader = torch::data::make_data_loader(RecordDataset(file).map(Stack<>()), 64);
+class RecordDataset : public torch::data::datasets::Dataset<RecordDataset> {
+ public:
+  explicit RecordDataset(std::shared_ptr<RecordFile> file) : file_(std::move(file)) {
+    NITRO_CHECK(file_ != nullptr, "data::RecordDataset: the file is null");
+  }
+  torch::data::Example<> get(size_t index) override {
+    auto r = file_->record(static_cast<int64_t>(index));
+    return {r[0], r.size() > 1 ? r[1] : at::Tensor()};
+  }
+  [[nodiscard]] std::optional<size_t> size() const override { return static_cast<size_t>(file_->size()); }
+  [[nodiscard]] const std::shared_ptr<RecordFile>& file() const noexcept { return file_; }
+
+ private:
+  std::shared_ptr<RecordFile> file_;
+};
+
+}  // namespace nitro::data
