@@ -66,7 +66,10 @@ int main(int argc, char** argv) try {
     const auto at = stem.rfind('_');
     NITRO_CHECK(at != std::string::npos && at + 1 < stem.size(), "nitro_pack: ", f.string(),
                 ": no label after a '_' in the name (img_000123_7.pt -> 7)");
-    const auto label = std::atoll(stem.c_str() + at + 1);
+    char* end = nullptr;
+    const auto label = std::strtoll(stem.c_str() + at + 1, &end, 10);
+    NITRO_CHECK(end != nullptr && *end == '\0', "nitro_pack: ", f.string(),
+                ": the label after the last '_' is not a whole number (img_000123_7.pt -> 7)");
     if (!w) w.emplace(out, std::vector<nitro::data::RecordField>{{"image", image.scalar_type(), image.sizes().vec()},
                                                                  {"label", at::kLong, {}}},
                       nitro::data::RecordWriter::Options{.chunk_records = chunk});

@@ -138,10 +138,10 @@ TEST_CASE("RecordWriter: a record unlike the fields is refused, and an unclosed 
   const auto path = dir / "x.nrec";
   {
     RecordWriter w(path, image_fields(), {.fsync = false});
-    CHECK_THROWS_WITH_AS(w.write({torch::zeros({3, 8, 9}), torch::tensor(1)}), doctest::Contains("field 'image'"),
-                         nitro::Error);
-    CHECK_THROWS_WITH_AS(w.write({torch::zeros({3, 8, 8})}), doctest::Contains("2 fields"), nitro::Error);
-    w.write({torch::zeros({3, 8, 8}), torch::tensor(1)});
+    CHECK_THROWS_WITH_AS(w.write({torch::zeros({3, 8, 9}, at::kByte), torch::tensor(1)}),
+                         doctest::Contains("field 'image'"), nitro::Error);
+    CHECK_THROWS_WITH_AS(w.write({torch::zeros({3, 8, 8}, at::kByte)}), doctest::Contains("2 fields"), nitro::Error);
+    w.write({torch::zeros({3, 8, 8}, at::kByte), torch::tensor(1)});
   }
   CHECK_FALSE(std::filesystem::exists(path));
   CHECK_THROWS_WITH_AS(RecordWriter(path, {}), doctest::Contains("1 to 16 fields"), nitro::Error);
@@ -152,4 +152,66 @@ TEST_CASE("RecordWriter: a record unlike the fields is refused, and an unclosed 
   RecordWriter empty(path, image_fields(), {.fsync = false});
   empty.close();
   CHECK(RecordFile::open(path)->size() == 0);
+}
+
+namespace {
+
+// Rewrites a header field of `good` and its checksum, as a crafted file would.
+std::vector<char> crafted(std::vector<char> b, size_t at, const void* value, size_t n) {
+  std::memcpy(b.data() + at, value, n);
+  const auto h = nitro::io::xxh64(std::span<const std::byte>(reinterpret_cast<const std::byte*>(b.data()), 4088));
+  std::memcpy(b.data() + 4088, &h, 8);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("RecordFile: a crafted header with valid checksums is refused before any record is mapped") {
+  nitro::test::TempDir dir("nitro-rec", true);
+  const auto path = dir / "train.nrec";
+  write_images(path, 20, 8);
+  const auto good = bytes_of(path);
+  const auto bad = dir / "bad.nrec";
+  const auto refused = [&](size_t at, auto value, const char* what) {
+    CAPTURE(what);
+    const auto b = crafted(good, at, &value, sizeof value);
+    write_bytes(bad, b, b.size());
+    CHECK_THROWS_WITH_AS(RecordFile::open(bad), doctest::Contains("header is inconsistent"), nitro::Error);
+  };
+  // Field 0 starts at byte 40: name (32), dtype (4), ndim (4), offset (8), shape (8 x 8).
+  refused(40 + 40, uint64_t{1} << 40, "offset far outside the record");
+  refused(40 + 48, int64_t{1} << 24, "a dimension larger than the record");
+  refused(40 + 32, int32_t{1000}, "a dtype that does not exist");
+  refused(40 + 32, static_cast<int32_t>(c10::ScalarType::QInt8), "a quantized dtype");
+  refused(40 + 48, int64_t{-1}, "a negative dimension");
+  refused(40 + 36, int32_t{9}, "nine dimensions");
+  refused(16, uint64_t{1} << 63, "a record size that wraps the size check");
+  refused(24, ~uint64_t{0}, "records per chunk that wrap the chunk count");
+  refused(32, uint32_t{0}, "no field");
+  // The footer's count crafted (with its checksum) to wrap count x record size.
+  auto b = good;
+  const size_t tail = b.size() - 32;
+  const uint64_t huge = uint64_t{1} << 61;
+  std::memcpy(b.data() + tail, &huge, 8);
+  std::memcpy(b.data() + tail + 8, &huge, 8);
+  write_bytes(bad, b, b.size());
+  CHECK_THROWS_WITH_AS(RecordFile::open(bad), doctest::Contains("do not account for"), nitro::Error);
+}
+
+TEST_CASE("RecordFile: writing into a view neither changes the file nor fails verification") {
+  nitro::test::TempDir dir("nitro-rec", true);
+  const auto path = dir / "train.nrec";
+  auto [images, labels] = write_images(path, 40, 8);
+  auto file = RecordFile::open(path, {.verify = RecordFile::Verify::none});
+  file->record(3)[0].fill_(0);
+  CHECK_NOTHROW(file->verify());
+  CHECK(torch::equal(RecordFile::open(path)->record(3)[0], images[3]));
+  // What the writer refuses: unstorable dtypes, floats into integer fields.
+  CHECK_THROWS_WITH_AS(RecordWriter(dir / "q.nrec", {{"a", at::kQInt8, {1}}}), doctest::Contains("not storable"),
+                       nitro::Error);
+  RecordWriter w(dir / "w.nrec", image_fields(), {.fsync = false});
+  CHECK_THROWS_WITH_AS(w.write({torch::rand({3, 8, 8}), torch::tensor(1)}), doctest::Contains("convert it yourself"),
+                       nitro::Error);
+  CHECK_THROWS_WITH_AS(RecordWriter(dir / "big.nrec", {{"a", at::kByte, {3, int64_t{1} << 62}}}),
+                       doctest::Contains("more than 4 GiB"), nitro::Error);
 }

@@ -20,9 +20,16 @@
 //
 // Opening checks the header, the footer and the size, so a truncated or foreign file is a nitro::Error
 // naming the problem; each chunk's checksum is verified the first time one of its records is read
-// (`Verify::lazy`, the default), all at open (`eager`), or never (`none`). The mapping is private:
-// writing into a returned view changes this process's copy, never the file. A view keeps the mapping
-// alive as long as it lives.
+// (`Verify::lazy`, the default), all at open (`eager`), or never (`none`), reading the file itself
+// (not the mapping). A crafted header (sizes, offsets, dtypes) is refused before anything is mapped
+// into a tensor. The mapping is private: writing into a returned view changes this process's copy,
+// never the file, but that copy is what later record() calls of this process return (clone a sample
+// before changing it in place, e.g. in a transform).
+//
+// Do not change a record file in place while a process has it open (truncate, cp over it, rsync
+// --inplace): touching a page that no longer exists kills the process with SIGBUS, which no library
+// can turn into an error. Replace it by writing a new file and renaming it over the old one, as
+// RecordWriter and nitro_pack do: the open mapping keeps the old file.
 #include <nitro/core/error.hpp>
 #include <nitro/io/file.hpp>
 
@@ -37,6 +44,8 @@
 #include <sys/stat.h>
 
 #include <array>
+#include <bit>
+#include <unistd.h>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -60,6 +69,9 @@ struct RecordField {
 
 namespace detail::rec {
 
+static_assert(std::endian::native == std::endian::little,
+              "data::RecordFile: the record format is little-endian; this machine is not");
+
 inline constexpr char kMagic[8] = {'N', 'I', 'T', 'R', 'O', 'R', 'E', 'C'};
 inline constexpr char kEndMagic[8] = {'N', 'R', 'E', 'C', 'E', 'N', 'D', '1'};
 inline constexpr uint32_t kVersion = 1;
@@ -82,11 +94,31 @@ T get(const unsigned char* p) {
   return v;
 }
 
-inline int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (auto d : shape) n *= d;
+/// Bytes one field takes (numel x element size); empty on overflow or a negative dimension.
+inline std::optional<uint64_t> field_bytes(const std::vector<int64_t>& shape, c10::ScalarType dtype) {
+  uint64_t n = c10::elementSize(dtype);
+  for (auto d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return std::nullopt;
+  }
   return n;
 }
+
+/// The dtypes a record file stores: plain numbers whose bytes mean the same on every machine.
+inline bool storable(c10::ScalarType t) {
+  using S = c10::ScalarType;
+  switch (t) {
+    case S::Byte: case S::Char: case S::Short: case S::Int: case S::Long: case S::Half: case S::Float:
+    case S::Double: case S::Bool: case S::BFloat16: case S::UInt16: case S::UInt32: case S::UInt64:
+    case S::Float8_e5m2: case S::Float8_e4m3fn: case S::Float8_e5m2fnuz: case S::Float8_e4m3fnuz:
+      return true;
+    default:
+      return false;
+  }
+}
+
+/// The largest record this format takes (4 GiB): a bound that keeps every size computation exact.
+inline constexpr uint64_t kMaxRecordBytes = uint64_t{1} << 32;
+inline constexpr uint64_t kMaxChunkRecords = uint64_t{1} << 32;
 
 inline uint64_t hash(const unsigned char* p, size_t n) {
   return io::xxh64(std::span<const std::byte>(reinterpret_cast<const std::byte*>(p), n));
@@ -98,7 +130,7 @@ inline std::pair<std::vector<uint64_t>, uint64_t> layout(const std::vector<Recor
   uint64_t at = 0;
   for (const auto& f : fields) {
     offsets.push_back(at);
-    at += static_cast<uint64_t>(numel(f.shape)) * c10::elementSize(f.dtype);
+    at += *field_bytes(f.shape, f.dtype);  // checked by check_fields: the sum stays under 17 x 4 GiB
     at = (at + 7) / 8 * 8;
   }
   return {offsets, at};
@@ -112,11 +144,11 @@ inline void check_fields(const std::vector<RecordField>& fields) {
                 kNameBytes - 1, " characters, got '", f.name, "'");
     NITRO_CHECK(f.shape.size() <= kMaxDims, "data::RecordWriter: field '", f.name, "' has ", f.shape.size(),
                 " dimensions; at most ", kMaxDims);
-    for (auto d : f.shape)
-      NITRO_CHECK(d >= 0, "data::RecordWriter: field '", f.name, "' has a negative dimension");
-    NITRO_CHECK(f.dtype != c10::ScalarType::Undefined && !c10::isQIntType(f.dtype) && !c10::isComplexType(f.dtype),
-                "data::RecordWriter: field '", f.name, "': dtype ", c10::toString(f.dtype),
-                " is not storable; use a real or integer dtype");
+    NITRO_CHECK(storable(f.dtype), "data::RecordWriter: field '", f.name, "': dtype ", c10::toString(f.dtype),
+                " is not storable; use a plain integer, bool or floating dtype");
+    const auto bytes = field_bytes(f.shape, f.dtype);
+    NITRO_CHECK(bytes && *bytes <= kMaxRecordBytes, "data::RecordWriter: field '", f.name, "' of shape ",
+                c10::IntArrayRef(f.shape), " has a negative dimension or more than 4 GiB");
   }
 }
 
@@ -143,6 +175,10 @@ class RecordWriter {
     offsets_ = std::move(offsets);
     record_bytes_ = bytes;
     NITRO_CHECK(record_bytes_ > 0, "data::RecordWriter: every field is empty; a record must hold some bytes");
+    NITRO_CHECK(record_bytes_ <= r::kMaxRecordBytes, "data::RecordWriter: a record of ", record_bytes_,
+                " bytes is over the format's 4 GiB");
+    NITRO_CHECK(static_cast<uint64_t>(o_.chunk_records) <= r::kMaxChunkRecords,
+                "data::RecordWriter: chunk_records must be <= 2^32");
     std::vector<unsigned char> h(r::kHeaderBytes, 0);
     std::memcpy(h.data(), r::kMagic, 8);
     r::put<uint32_t>(h, 8, r::kVersion);
@@ -181,6 +217,12 @@ class RecordWriter {
       NITRO_CHECK(v.defined() && v.sizes().vec() == f.shape, "data::RecordWriter::write: field '", f.name,
                   "' has shape ", c10::IntArrayRef(f.shape), ", got ",
                   v.defined() ? c10::str(v.sizes()) : std::string("an undefined tensor"));
+      NITRO_CHECK(v.layout() == c10::kStrided && !v.is_meta(), "data::RecordWriter::write: field '", f.name,
+                  "' must be a dense tensor with data (got layout ", v.layout(), " on ", v.device(), ")");
+      // A float image in [0, 1] written to a uint8 field would be stored as zeros: convert explicitly.
+      NITRO_CHECK(!(v.is_floating_point() && !c10::isFloatingType(f.dtype)),
+                  "data::RecordWriter::write: field '", f.name, "' is ", c10::toString(f.dtype), " and the value is ",
+                  c10::toString(v.scalar_type()), "; convert it yourself (e.g. (x * 255).round().to(torch::kByte))");
       const at::Tensor c = v.to(c10::kCPU, f.dtype).contiguous();
       std::memcpy(buffer_.data() + offsets_[i], c.data_ptr(), c.nbytes());
     }
@@ -299,14 +341,19 @@ class RecordFile : public std::enable_shared_from_this<RecordFile> {
  private:
   RecordFile(const std::filesystem::path& path, Options options) : path_(path.string()), options_(options) {
     namespace r = detail::rec;
-    io::Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    // Kept open: chunks are verified from the file, not from the (writable) mapping.
+    fd_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // O_NONBLOCK: a FIFO does not hang
+    const io::Fd& fd = fd_;
     NITRO_CHECK(fd, "data::RecordFile: cannot open '", path_, "': ", io::os_error(errno));
     struct stat st {};
     NITRO_CHECK(::fstat(fd.get(), &st) == 0, "data::RecordFile: cannot stat '", path_, "': ", io::os_error(errno));
+    NITRO_CHECK(S_ISREG(st.st_mode), "data::RecordFile: '", path_, "' is not a regular file");
     size_ = static_cast<size_t>(st.st_size);
     NITRO_CHECK(size_ >= r::kHeaderBytes + r::kFooterTail, "data::RecordFile: '", path_, "' is ", size_,
                 " bytes, too short for a record file (truncated, or not one)");
-    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd.get(), 0);
+    // MAP_NORESERVE: a private writable mapping is otherwise charged in full against memory, and a
+    // data set larger than RAM could not be opened.
+    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd.get(), 0);
     NITRO_CHECK(p != MAP_FAILED, "data::RecordFile: cannot map '", path_, "': ", io::os_error(errno));
     base_ = p;
     const auto* b = static_cast<const unsigned char*>(base_);
@@ -319,31 +366,47 @@ class RecordFile : public std::enable_shared_from_this<RecordFile> {
     record_bytes_ = r::get<uint64_t>(b + 16);
     chunk_records_ = r::get<uint64_t>(b + 24);
     const auto nfields = r::get<uint32_t>(b + 32);
-    NITRO_CHECK(nfields >= 1 && nfields <= r::kMaxFields && chunk_records_ >= 1 && record_bytes_ >= 1,
-                "data::RecordFile: '", path_, "': the header is inconsistent (a damaged file)");
+    const auto damaged = [&](const char* what) {
+      nitro::detail::fail("data::RecordFile: '", path_, "': the header is inconsistent (", what,
+                          "): a damaged or crafted file");
+    };
+    if (!(nfields >= 1 && nfields <= r::kMaxFields)) damaged("field count");
+    if (!(chunk_records_ >= 1 && chunk_records_ <= r::kMaxChunkRecords)) damaged("records per chunk");
+    if (!(record_bytes_ >= 1 && record_bytes_ <= r::kMaxRecordBytes)) damaged("record size");
     for (uint32_t i = 0; i < nfields; ++i) {
       const auto* f = b + r::kFieldsAt + i * r::kFieldBytes;
       RecordField field;
       field.name.assign(reinterpret_cast<const char*>(f), strnlen(reinterpret_cast<const char*>(f), r::kNameBytes));
-      field.dtype = static_cast<c10::ScalarType>(r::get<int32_t>(f + r::kNameBytes));
+      const auto dtype = r::get<int32_t>(f + r::kNameBytes);
+      if (dtype < 0 || dtype >= static_cast<int32_t>(c10::ScalarType::NumOptions) ||
+          !r::storable(static_cast<c10::ScalarType>(dtype)))
+        damaged("a field's dtype");
+      field.dtype = static_cast<c10::ScalarType>(dtype);
       const auto ndim = r::get<int32_t>(f + r::kNameBytes + 4);
-      NITRO_CHECK(ndim >= 0 && static_cast<size_t>(ndim) <= r::kMaxDims, "data::RecordFile: '", path_,
-                  "': the header is inconsistent (a damaged file)");
-      offsets_.push_back(r::get<uint64_t>(f + r::kNameBytes + 8));
+      if (ndim < 0 || static_cast<size_t>(ndim) > r::kMaxDims) damaged("a field's dimensions");
+      const auto offset = r::get<uint64_t>(f + r::kNameBytes + 8);
       for (int32_t d = 0; d < ndim; ++d) field.shape.push_back(r::get<int64_t>(f + r::kNameBytes + 16 + 8 * d));
+      const auto bytes = r::field_bytes(field.shape, field.dtype);
+      // Every field inside its record (offset and size are each under 4 GiB, so the sum is exact).
+      if (!bytes || *bytes > record_bytes_ || offset > record_bytes_ - *bytes) damaged("a field's shape or offset");
+      offsets_.push_back(offset);
       fields_.push_back(std::move(field));
     }
     // The footer, from the end.
     const auto* end = b + size_;
     NITRO_CHECK(std::memcmp(end - 8, r::kEndMagic, 8) == 0, "data::RecordFile: '", path_,
                 "' has no end marker: it is truncated (or was never closed by its writer)");
-    count_ = static_cast<int64_t>(r::get<uint64_t>(end - 32));
+    const auto count = r::get<uint64_t>(end - 32);
     const auto chunks = r::get<uint64_t>(end - 24);
+    // In divided form, so no product can wrap: payload = records + chunk hashes.
+    const uint64_t payload = size_ - r::kHeaderBytes - r::kFooterTail;
+    const bool sizes_fit = chunks <= payload / 8 && count <= (payload - chunks * 8) / record_bytes_ &&
+                           chunks == count / chunk_records_ + (count % chunk_records_ != 0) &&
+                           payload == count * record_bytes_ + chunks * 8;
+    NITRO_CHECK(sizes_fit, "data::RecordFile: '", path_, "' is ", size_,
+                " bytes, which its header and footer do not account for (truncated or damaged)");
+    count_ = static_cast<int64_t>(count);
     const size_t footer = chunks * 8 + r::kFooterTail;
-    NITRO_CHECK(count_ >= 0 && chunks == (static_cast<uint64_t>(count_) + chunk_records_ - 1) / chunk_records_ &&
-                    size_ == r::kHeaderBytes + static_cast<uint64_t>(count_) * record_bytes_ + footer,
-                "data::RecordFile: '", path_, "' is ", size_, " bytes, which its header and footer do not account for "
-                "(truncated or damaged)");
     const auto* f = end - footer;
     NITRO_CHECK(r::get<uint64_t>(end - 16) == r::hash(f, footer - 16), "data::RecordFile: '", path_,
                 "': the footer's checksum does not match (a damaged file)");
@@ -359,12 +422,25 @@ class RecordFile : public std::enable_shared_from_this<RecordFile> {
     if (!checked_[c].load(std::memory_order_acquire)) check_chunk(c);
   }
 
+  // Hashes the chunk as the file holds it (pread: writes into views do not count, and a file cut
+  // short since it was opened is an error here rather than a SIGBUS).
   void check_chunk(size_t c) {
     const uint64_t first = c * chunk_records_;
     const uint64_t n = std::min<uint64_t>(chunk_records_, static_cast<uint64_t>(count_) - first);
-    const auto* p = static_cast<const unsigned char*>(base_) + detail::rec::kHeaderBytes + first * record_bytes_;
-    NITRO_CHECK(detail::rec::hash(p, n * record_bytes_) == hashes_[c], "data::RecordFile: '", path_, "': chunk ", c,
-                " (records ", first, " to ", first + n - 1, ") does not match its checksum (a damaged file)");
+    uint64_t at = detail::rec::kHeaderBytes + first * record_bytes_;
+    uint64_t left = n * record_bytes_;
+    io::Xxh64 h;
+    std::vector<unsigned char> buffer(static_cast<size_t>(std::min<uint64_t>(left, uint64_t{1} << 20)));
+    while (left > 0) {
+      const auto take = static_cast<size_t>(std::min<uint64_t>(left, buffer.size()));
+      NITRO_CHECK(io::pread_all(fd_.get(), buffer.data(), take, at), "data::RecordFile: '", path_,
+                  "': chunk ", c, " could not be read (the file was cut short or changed since it was opened?)");
+      h.update(std::span<const std::byte>(reinterpret_cast<const std::byte*>(buffer.data()), take));
+      at += take;
+      left -= take;
+    }
+    NITRO_CHECK(h.digest() == hashes_[c], "data::RecordFile: '", path_, "': chunk ", c, " (records ", first, " to ",
+                first + n - 1, ") does not match its checksum (a damaged file)");
     checked_[c].store(true, std::memory_order_release);
   }
 
@@ -374,6 +450,7 @@ class RecordFile : public std::enable_shared_from_this<RecordFile> {
 
   std::string path_;
   Options options_;
+  io::Fd fd_;
   void* base_ = nullptr;
   size_t size_ = 0;
   uint64_t record_bytes_ = 0, chunk_records_ = 1;
@@ -384,8 +461,9 @@ class RecordFile : public std::enable_shared_from_this<RecordFile> {
   std::unique_ptr<std::atomic<bool>[]> checked_;
 };
 
-/// A torch::data data set over a RecordFile: field 0 is the example's data, field 1 (if any) its
-/// target; both views of the mapping.
+/// A torch::data data set over a RecordFile: field 0 is the example's data, field 1 its target (an
+/// empty int64 tensor for a one-field file, so that Stack<> works); both views of the mapping (clone
+/// before changing them in place: see the top of this file).
 ///   auto loader = torch::data::make_data_loader(RecordDataset(file).map(Stack<>()), 64);
 class RecordDataset : public torch::data::datasets::Dataset<RecordDataset> {
  public:
@@ -394,7 +472,7 @@ class RecordDataset : public torch::data::datasets::Dataset<RecordDataset> {
   }
   torch::data::Example<> get(size_t index) override {
     auto r = file_->record(static_cast<int64_t>(index));
-    return {r[0], r.size() > 1 ? r[1] : at::Tensor()};
+    return {r[0], r.size() > 1 ? r[1] : at::empty({0}, at::kLong)};
   }
   [[nodiscard]] std::optional<size_t> size() const override { return static_cast<size_t>(file_->size()); }
   [[nodiscard]] const std::shared_ptr<RecordFile>& file() const noexcept { return file_; }
