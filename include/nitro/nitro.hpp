@@ -47,6 +47,7 @@
 #include <nitro/cache/evict/wtinylfu.hpp>
 
 #include <nitro/data/pinned_pool.hpp>
+// data/augment.hpp is left out here (it includes <ATen/ATen.h>): include it where images are augmented.
 #include <nitro/data/prefetcher.hpp>
 #include <nitro/data/record_file.hpp>
 #include <nitro/data/sampler.hpp>

@@ -1,0 +1,380 @@
+#pragma once
+// Batched image augmentation as tensor operations, wherever the batch is (CPU workers, or the GPU on
+// the prefetcher's copy stream through its `transform` option).
+//
+//   namespace aug = nitro::data::augment;
+//   aug::Compose<aug::ToFloat, aug::RandomResizedCrop, aug::HFlip, aug::ColorJitter, aug::Normalize> pipeline{
+//       {}, {.height = 224, .width = 224}, {}, {.brightness = 0.4, .contrast = 0.4, .saturation = 0.4},
+//       {.mean = {0.485, 0.456, 0.406}, .std = {0.229, 0.224, 0.225}}};
+//   at::Tensor out = pipeline(images_u8, {.seed = 7, .epoch = epoch, .index = sample_indices});
+//
+// Randomness is per sample: stage s of sample `index` in `epoch` draws its parameters from a generator
+// keyed by (seed, epoch, index, s) (splitmix64), on the host, whatever the batch and its order. So a
+// sample gets the same augmentation on the CPU and on a GPU, in any batch, with any number of workers,
+// and again after a resume. The pixel work is batched: one grid_sample for all crops, one grouped
+// convolution for all blurs, masks for flips.
+//
+// Stages (each with an Options aggregate; images are [N, C, H, W], float in [0, 1] after ToFloat):
+//   ToFloat            uint8 -> float / 255
+//   Normalize          (x - mean) / std per channel
+//   HFlip              mirror left-right with probability p
+//   Rotate90           a quarter turn k in {0, 1, 2, 3}, uniform (square images when k can be odd)
+//   RandomResizedCrop  torchvision's scale/ratio sampling, bilinear resampling to height x width
+//                      (equal to F.interpolate of the crop, align_corners=false, no antialias)
+//   ColorJitter        brightness, contrast, saturation factors in [1 - a, 1 + a] (torchvision's
+//                      formulas), applied in that fixed order; hue is not implemented yet
+//   GaussianNoise      x + std * N(0, 1), the noise from a counter-based hash of (key, element), so
+//                      the same on every device
+//   GaussianBlur       an odd kernel, sigma uniform in [sigma_min, sigma_max], reflect padding
+#include <nitro/core/error.hpp>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace nitro::data::augment {
+
+/// Who the samples of a batch are: their data-set indices (int64 [N], any device), the epoch and the seed.
+struct Keys {
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+  at::Tensor index;
+};
+
+namespace detail {
+
+inline uint64_t splitmix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/// The generator of stage `stage` of one sample.
+class Rng {
+ public:
+  Rng(uint64_t seed, int64_t epoch, int64_t index, int stage)
+      : s_(splitmix(splitmix(splitmix(seed) ^ static_cast<uint64_t>(epoch)) ^ static_cast<uint64_t>(index)) ^
+           static_cast<uint64_t>(stage)) {}
+  uint64_t next() { return s_ = splitmix(s_); }
+  /// Uniform in [0, 1).
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  double uniform(double a, double b) { return a + (b - a) * uniform(); }
+  /// Uniform integer in [0, n).
+  int64_t below(int64_t n) { return static_cast<int64_t>(next() % static_cast<uint64_t>(n)); }
+
+ private:
+  uint64_t s_;
+};
+
+/// One Rng per sample of the batch, for stage `stage`.
+inline std::vector<Rng> rngs(const Keys& keys, int64_t n, int stage) {
+  NITRO_CHECK(keys.index.defined() && keys.index.dim() == 1 && keys.index.size(0) == n,
+              "data::augment: Keys::index must hold one data-set index per sample (int64 [", n, "])");
+  const auto idx = keys.index.to(at::kCPU, at::kLong).contiguous();
+  const auto* p = idx.data_ptr<int64_t>();
+  std::vector<Rng> out;
+  out.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out.emplace_back(keys.seed, keys.epoch, p[i], stage);
+  return out;
+}
+
+inline void check_images(const at::Tensor& x, const char* stage, bool floating) {
+  NITRO_CHECK(x.defined() && x.dim() == 4, "data::augment::", stage, ": expected a batch of images [N, C, H, W], got ",
+              x.defined() ? c10::str(x.sizes()) : std::string("an undefined tensor"));
+  if (floating)
+    NITRO_CHECK(x.is_floating_point(), "data::augment::", stage, ": expected floating images (put ToFloat first), got ",
+                c10::toString(x.scalar_type()));
+}
+
+/// Per-sample values as a [N, 1, 1, 1] tensor on the batch's device, in its dtype.
+inline at::Tensor per_sample(const std::vector<double>& v, const at::Tensor& like) {
+  return at::tensor(v, at::TensorOptions().dtype(at::kDouble))
+      .to(like.device(), like.scalar_type())
+      .view({static_cast<int64_t>(v.size()), 1, 1, 1});
+}
+
+/// A 31-bit integer hash, exact in int64 tensor arithmetic on every device (no product reaches 2^63).
+inline at::Tensor hash31(at::Tensor x) {
+  for (int r = 0; r < 3; ++r) {
+    x = at::bitwise_xor(x, at::bitwise_right_shift(x, 15));
+    x = at::bitwise_and(x * 0x2C1B3C6D, 0x7FFFFFFF);
+    x = at::bitwise_xor(x, at::bitwise_right_shift(x, 12));
+    x = at::bitwise_and(x * 0x297A2D39, 0x7FFFFFFF);
+  }
+  return x;
+}
+
+}  // namespace detail
+
+/// uint8 -> float32 in [0, 1].
+struct ToFloat {
+  at::Tensor operator()(const at::Tensor& x, const Keys&, int) const {
+    detail::check_images(x, "ToFloat", false);
+    return x.is_floating_point() ? x : x.to(at::kFloat).div_(255.0);
+  }
+};
+
+/// (x - mean) / std per channel.
+struct Normalize {
+  std::vector<double> mean{0.485, 0.456, 0.406};
+  std::vector<double> std{0.229, 0.224, 0.225};
+  at::Tensor operator()(const at::Tensor& x, const Keys&, int) const {
+    detail::check_images(x, "Normalize", true);
+    NITRO_CHECK(static_cast<int64_t>(mean.size()) == x.size(1) && mean.size() == std.size(),
+                "data::augment::Normalize: mean and std need one value per channel (", x.size(1), "), got ",
+                mean.size(), " and ", std.size());
+    for (double s : std) NITRO_CHECK(s > 0, "data::augment::Normalize: std must be > 0");
+    const auto o = at::TensorOptions().dtype(at::kDouble);
+    const auto m = at::tensor(mean, o).to(x.device(), x.scalar_type()).view({1, -1, 1, 1});
+    const auto s = at::tensor(std, o).to(x.device(), x.scalar_type()).view({1, -1, 1, 1});
+    return (x - m) / s;
+  }
+};
+
+/// Mirrors left-right with probability p.
+struct HFlip {
+  double p = 0.5;
+  at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
+    detail::check_images(x, "HFlip", false);
+    auto r = detail::rngs(keys, x.size(0), stage);
+    std::vector<double> flip;
+    for (auto& g : r) flip.push_back(g.uniform() < p ? 1.0 : 0.0);
+    const auto mask = detail::per_sample(flip, x.to(at::kFloat)).to(at::kBool);
+    return at::where(mask, x.flip({3}), x);
+  }
+};
+
+/// A quarter turn k in {0, 1, 2, 3} (counter-clockwise, as torch.rot90), uniform per sample.
+struct Rotate90 {
+  at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
+    detail::check_images(x, "Rotate90", false);
+    NITRO_CHECK(x.size(2) == x.size(3), "data::augment::Rotate90: images must be square to stay one batch, got ",
+                x.size(2), "x", x.size(3));
+    auto r = detail::rngs(keys, x.size(0), stage);
+    std::vector<int64_t> ks;
+    for (auto& g : r) ks.push_back(g.below(4));
+    auto out = x.clone();
+    for (int64_t k = 1; k < 4; ++k) {
+      std::vector<int64_t> sel;
+      for (size_t i = 0; i < ks.size(); ++i)
+        if (ks[i] == k) sel.push_back(static_cast<int64_t>(i));
+      if (sel.empty()) continue;
+      const auto idx = at::tensor(sel, at::TensorOptions().dtype(at::kLong)).to(x.device());
+      out.index_copy_(0, idx, x.index_select(0, idx).rot90(k, {2, 3}));
+    }
+    return out;
+  }
+};
+
+/// torchvision's RandomResizedCrop: a crop of area scale x the image's and aspect ratio in `ratio`
+/// (log-uniform), resampled bilinearly to height x width.
+struct RandomResizedCrop {
+  int64_t height = 224;
+  int64_t width = 224;
+  double scale_min = 0.08, scale_max = 1.0;
+  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
+
+  /// The crop of one sample: top, left, height, width (torchvision's get_params, our generator).
+  std::array<int64_t, 4> crop(detail::Rng& g, int64_t H, int64_t W) const {
+    const double area = static_cast<double>(H * W);
+    for (int attempt = 0; attempt < 10; ++attempt) {
+      const double target = area * g.uniform(scale_min, scale_max);
+      const double aspect = std::exp(g.uniform(std::log(ratio_min), std::log(ratio_max)));
+      const auto w = static_cast<int64_t>(std::lround(std::sqrt(target * aspect)));
+      const auto h = static_cast<int64_t>(std::lround(std::sqrt(target / aspect)));
+      if (w > 0 && w <= W && h > 0 && h <= H) return {g.below(H - h + 1), g.below(W - w + 1), h, w};
+    }
+    // Fallback: the whole image, cut to the nearest allowed ratio, centred.
+    const double in_ratio = static_cast<double>(W) / static_cast<double>(H);
+    int64_t w = W, h = H;
+    if (in_ratio < ratio_min) h = static_cast<int64_t>(std::lround(static_cast<double>(W) / ratio_min));
+    else if (in_ratio > ratio_max) w = static_cast<int64_t>(std::lround(static_cast<double>(H) * ratio_max));
+    return {(H - h) / 2, (W - w) / 2, h, w};
+  }
+
+  at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
+    detail::check_images(x, "RandomResizedCrop", true);
+    NITRO_CHECK(height >= 1 && width >= 1 && 0 < scale_min && scale_min <= scale_max && scale_max <= 1.0 &&
+                    0 < ratio_min && ratio_min <= ratio_max,
+                "data::augment::RandomResizedCrop: needs height, width >= 1, 0 < scale_min <= scale_max <= 1, "
+                "0 < ratio_min <= ratio_max");
+    const int64_t N = x.size(0), H = x.size(2), W = x.size(3);
+    auto r = detail::rngs(keys, N, stage);
+    std::vector<std::array<int64_t, 4>> boxes;
+    for (auto& g : r) boxes.push_back(crop(g, H, W));
+    return resample(x, boxes);
+  }
+
+  /// Bilinear resampling of each sample's crop to height x width: source coordinates
+  /// left + (j + 0.5) * w / width - 0.5, clamped to the crop, as F.interpolate computes them on the
+  /// crop alone; one grid_sample for the batch.
+  at::Tensor resample(const at::Tensor& x, const std::vector<std::array<int64_t, 4>>& boxes) const {
+    const int64_t N = x.size(0), H = x.size(2), W = x.size(3);
+    const auto o = at::TensorOptions().dtype(at::kDouble);
+    std::vector<double> top, left, h, w;
+    for (const auto& b : boxes) {
+      top.push_back(static_cast<double>(b[0]));
+      left.push_back(static_cast<double>(b[1]));
+      h.push_back(static_cast<double>(b[2]));
+      w.push_back(static_cast<double>(b[3]));
+    }
+    const auto T = at::tensor(top, o).view({N, 1}), L = at::tensor(left, o).view({N, 1});
+    const auto Hc = at::tensor(h, o).view({N, 1}), Wc = at::tensor(w, o).view({N, 1});
+    const auto jx = at::arange(width, o).view({1, width}) + 0.5;
+    const auto jy = at::arange(height, o).view({1, height}) + 0.5;
+    auto sx = at::minimum(at::maximum(L + jx * Wc / static_cast<double>(width) - 0.5, L), L + Wc - 1);
+    auto sy = at::minimum(at::maximum(T + jy * Hc / static_cast<double>(height) - 0.5, T), T + Hc - 1);
+    const auto gx = ((2 * sx + 1) / static_cast<double>(W) - 1).view({N, 1, width}).expand({N, height, width});
+    const auto gy = ((2 * sy + 1) / static_cast<double>(H) - 1).view({N, height, 1}).expand({N, height, width});
+    const auto grid = at::stack({gx, gy}, 3).to(x.device(), x.scalar_type());
+    return at::grid_sampler(x, grid, /*bilinear*/ 0, /*zeros*/ 0, /*align_corners=*/false);
+  }
+};
+
+/// Brightness, contrast and saturation factors uniform in [max(0, 1 - a), 1 + a], applied in that
+/// order with torchvision's formulas (float images in [0, 1]).
+struct ColorJitter {
+  double brightness = 0.0, contrast = 0.0, saturation = 0.0;
+
+  at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
+    detail::check_images(x, "ColorJitter", true);
+    NITRO_CHECK(brightness >= 0 && contrast >= 0 && saturation >= 0,
+                "data::augment::ColorJitter: brightness, contrast and saturation must be >= 0");
+    auto r = detail::rngs(keys, x.size(0), stage);
+    std::vector<double> b, c, s;
+    for (auto& g : r) {
+      b.push_back(g.uniform(std::max(0.0, 1 - brightness), 1 + brightness));
+      c.push_back(g.uniform(std::max(0.0, 1 - contrast), 1 + contrast));
+      s.push_back(g.uniform(std::max(0.0, 1 - saturation), 1 + saturation));
+    }
+    // Each step makes one new tensor and then works in place on it.
+    auto y = x;
+    if (brightness > 0) y = (y * detail::per_sample(b, y)).clamp_(0, 1);
+    if (contrast > 0) {
+      const auto f = detail::per_sample(c, y);
+      const auto mean = gray(y).mean({1, 2, 3}, /*keepdim=*/true);
+      y = (y * f).add_((1 - f) * mean).clamp_(0, 1);
+    }
+    if (saturation > 0) {
+      const auto f = detail::per_sample(s, y);
+      y = (y * f).add_(gray(y).mul_(1 - f)).clamp_(0, 1);
+    }
+    return y;
+  }
+
+  /// torchvision's rgb_to_grayscale: 0.299 R + 0.587 G + 0.114 B, [N, 1, H, W].
+  static at::Tensor gray(const at::Tensor& x) {
+    NITRO_CHECK(x.size(1) == 3, "data::augment::ColorJitter: needs RGB images (3 channels), got ", x.size(1));
+    return (0.299 * x.select(1, 0) + 0.587 * x.select(1, 1) + 0.114 * x.select(1, 2)).unsqueeze(1);
+  }
+};
+
+/// x + std * N(0, 1), the noise a function of (seed, epoch, index, stage, element): the same on any device.
+struct GaussianNoise {
+  double std = 0.05;
+  at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
+    detail::check_images(x, "GaussianNoise", true);
+    NITRO_CHECK(std >= 0, "data::augment::GaussianNoise: std must be >= 0, got ", std);
+    const int64_t N = x.size(0), E = x[0].numel();
+    auto r = detail::rngs(keys, N, stage);
+    std::vector<int64_t> k1, k2;
+    for (auto& g : r) {
+      k1.push_back(static_cast<int64_t>(g.next() & 0x7FFFFFFF));
+      k2.push_back(static_cast<int64_t>(g.next() & 0x7FFFFFFF));
+    }
+    const auto lo = at::TensorOptions().dtype(at::kLong).device(x.device());
+    const auto K1 = at::tensor(k1, at::TensorOptions().dtype(at::kLong)).to(x.device()).view({N, 1});
+    const auto K2 = at::tensor(k2, at::TensorOptions().dtype(at::kLong)).to(x.device()).view({N, 1});
+    const auto e = at::arange(E, lo).view({1, E});
+    const auto u = [&](int64_t which) {
+      auto h = detail::hash31(at::bitwise_xor(detail::hash31(e * 2 + which), K1));
+      h = detail::hash31(at::bitwise_xor(h, K2));
+      return (h.to(at::kDouble) + 0.5) / 2147483648.0;
+    };
+    const auto z = at::sqrt(-2 * at::log(u(0))) * at::cos(2 * M_PI * u(1));  // Box-Muller
+    return x + (std * z).to(x.scalar_type()).view(x.sizes());
+  }
+};
+
+/// Gaussian blur with an odd kernel and sigma uniform in [sigma_min, sigma_max], reflect padding
+/// (torchvision's gaussian_blur, as one grouped separable convolution for the batch).
+struct GaussianBlur {
+  int64_t kernel = 5;
+  double sigma_min = 0.1, sigma_max = 2.0;
+  at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
+    detail::check_images(x, "GaussianBlur", true);
+    NITRO_CHECK(kernel >= 1 && kernel % 2 == 1 && kernel / 2 < std::min(x.size(2), x.size(3)),
+                "data::augment::GaussianBlur: kernel must be odd, >= 1 and less than twice the image's side, got ",
+                kernel);
+    NITRO_CHECK(0 < sigma_min && sigma_min <= sigma_max, "data::augment::GaussianBlur: needs 0 < sigma_min <= sigma_max");
+    const int64_t N = x.size(0), C = x.size(1);
+    auto r = detail::rngs(keys, N, stage);
+    const auto o = at::TensorOptions().dtype(at::kDouble);
+    const auto t = at::linspace(-(kernel - 1) / 2.0, (kernel - 1) / 2.0, kernel, o).view({1, kernel});
+    std::vector<double> sig;
+    for (auto& g : r) sig.push_back(g.uniform(sigma_min, sigma_max));
+    auto k1 = at::exp(-0.5 * at::pow(t / at::tensor(sig, o).view({N, 1}), 2));
+    k1 = (k1 / k1.sum(1, true)).to(x.device(), x.scalar_type());          // [N, k]
+    const auto kc = k1.repeat_interleave(C, 0);                           // [N*C, k]
+    const int64_t p = kernel / 2;
+    auto y = at::reflection_pad2d(x.reshape({1, N * C, x.size(2), x.size(3)}), {p, p, p, p});
+    const std::vector<int64_t> one{1, 1}, zero{0, 0};
+    y = at::conv2d(y, kc.view({N * C, 1, 1, kernel}), at::Tensor(), one, zero, one, N * C);
+    y = at::conv2d(y, kc.view({N * C, 1, kernel, 1}), at::Tensor(), one, zero, one, N * C);
+    return y.view(x.sizes());
+  }
+};
+
+/// Stages applied in order, stage s drawing from the generators of stage s (see the top of the file).
+template <class... Stages>
+class Compose {
+ public:
+  Compose() = default;
+  explicit Compose(Stages... stages) : stages_(std::move(stages)...) {}
+
+  /// On the CPU the batch goes through in slices of about `cpu_slice_bytes` of float pixels (a few
+  /// images of 224x224), each through every stage: a chain of whole-batch operations would stream
+  /// every intermediate through memory, while a slice stays in the cache. Each sample's draws are
+  /// its own, so the result is the same either way. On a GPU the batch goes through whole.
+  at::Tensor operator()(at::Tensor batch, const Keys& keys) const {
+    NITRO_CHECK(batch.defined() && batch.dim() >= 1, "data::augment::Compose: expected a batch [N, C, H, W]");
+    const int64_t n = batch.size(0);
+    const int64_t per_sample = std::max<int64_t>(1, batch.numel() / std::max<int64_t>(1, n) * 4);
+    const int64_t slice = std::max<int64_t>(1, cpu_slice_bytes / per_sample);
+    if (!batch.device().is_cpu() || cpu_slice_bytes <= 0 || slice >= n) return apply(std::move(batch), keys, std::index_sequence_for<Stages...>{});
+    NITRO_CHECK(keys.index.defined() && keys.index.dim() == 1 && keys.index.size(0) == n,
+                "data::augment: Keys::index must hold one data-set index per sample (int64 [", n, "])");
+    std::vector<at::Tensor> parts;
+    for (int64_t i = 0; i < n; i += slice) {
+      const int64_t j = std::min(n, i + slice);
+      parts.push_back(apply(batch.slice(0, i, j), {keys.seed, keys.epoch, keys.index.slice(0, i, j)},
+                            std::index_sequence_for<Stages...>{}));
+    }
+    return at::cat(parts);
+  }
+
+  /// Bytes of float pixels per slice on the CPU (see operator()); 0 or less: the whole batch at once.
+  int64_t cpu_slice_bytes = int64_t{2} << 20;
+
+  template <size_t I>
+  [[nodiscard]] const auto& stage() const {
+    return std::get<I>(stages_);
+  }
+
+ private:
+  template <size_t... I>
+  at::Tensor apply(at::Tensor x, const Keys& keys, std::index_sequence<I...>) const {
+    ((x = std::get<I>(stages_)(x, keys, static_cast<int>(I))), ...);
+    return x;
+  }
+
+  std::tuple<Stages...> stages_;
+};
+
+}  // namespace nitro::data::augment
