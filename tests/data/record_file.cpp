@@ -1,3 +1,4 @@
+#include <nitro/data/prefetcher.hpp>
 #include <nitro/data/record_file.hpp>
 #include <nitro/data/synthetic.hpp>
 
@@ -214,4 +215,29 @@ TEST_CASE("RecordFile: writing into a view neither changes the file nor fails ve
                        nitro::Error);
   CHECK_THROWS_WITH_AS(RecordWriter(dir / "big.nrec", {{"a", at::kByte, {3, int64_t{1} << 62}}}),
                        doctest::Contains("more than 4 GiB"), nitro::Error);
+}
+
+TEST_CASE("RecordBatches: records copied into one batch with their indices, through a prefetcher") {
+  nitro::test::TempDir dir("nitro-rec", true);
+  const auto path = dir / "train.nrec";
+  auto [images, labels] = write_images(path, 50, 16);
+  nitro::data::RecordBatches batches(RecordFile::open(path));
+  CHECK(batches.size() == std::optional<size_t>(50));
+  const auto b = batches.get_batch({7, 3, 49, 3});
+  CHECK(b.data.sizes() == c10::IntArrayRef{4, 3, 8, 8});
+  CHECK(b.data.is_contiguous());
+  CHECK(torch::equal(b.data, images.index({torch::tensor({7, 3, 49, 3})})));
+  CHECK(torch::equal(b.target, labels.index({torch::tensor({7, 3, 49, 3})})));
+  CHECK(torch::equal(b.index, torch::tensor({7, 3, 49, 3}, at::kLong)));
+  CHECK_THROWS_AS(batches.get_batch({50}), nitro::Error);
+  // A batch source for a prefetcher: every index once.
+  auto p = nitro::prefetch<nitro::Cpu>(
+      nitro::from_dataset(batches, torch::data::samplers::SequentialSampler(50), 16), {.workers = 2});
+  std::vector<int64_t> seen;
+  while (auto batch = p.next()) {
+    CHECK(torch::equal(batch->data, images.index({batch->index})));
+    for (int64_t k = 0; k < batch->index.numel(); ++k) seen.push_back(batch->index[k].item<int64_t>());
+  }
+  CHECK(seen.size() == 50);
+  for (int64_t i = 0; i < 50; ++i) CHECK(seen[static_cast<size_t>(i)] == i);
 }

@@ -8,6 +8,7 @@
 #include <nitro/data/prefetcher.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <numeric>
 #include <set>
@@ -24,11 +25,20 @@ using nitro::data::SamplerState;
 
 // Sample i holds i (data and target); reading it takes 0, 0.2 or 0.4 ms so workers finish out of
 // order. `fail_at`: get() throws for that index.
+// Threads that have ever read a sample: a thread-local made on each thread's first get() (a new
+// thread counts even if it reuses an old thread's id).
+std::atomic<int> reader_threads{0};
+struct CountThread {
+  CountThread() { ++reader_threads; }
+};
+
 struct Numbers : torch::data::datasets::Dataset<Numbers> {
   std::size_t n = 0;
   std::int64_t fail_at = -1;
   explicit Numbers(std::size_t n_) : n(n_) {}
   torch::data::Example<> get(std::size_t index) override {
+    thread_local CountThread counted;
+    (void)counted;
     std::this_thread::sleep_for(std::chrono::microseconds(200 * ((index * 7) % 3)));
     if (static_cast<std::int64_t>(index) == fail_at) throw std::runtime_error("bad sample " + std::to_string(index));
     const auto i = static_cast<std::int64_t>(index);
@@ -403,4 +413,101 @@ TEST_CASE("torch's own data loader reads a resumed sampler from its position") {
   for (auto& b : *loader) got.push_back(values(b.data));
   CHECK(got == std::vector<Indices>(expected.begin() + 2, expected.end()));
   CHECK(sampler.state().index == static_cast<std::int64_t>(n));
+}
+
+TEST_CASE("one prefetcher over 3 epochs: one set of threads, and the batches of 3 separate prefetchers") {
+  constexpr std::size_t n = 37, batch = 5, workers = 3;
+  // Reference: a new prefetcher (new threads) per epoch over the sampler set to that epoch.
+  std::vector<std::vector<Indices>> expected;
+  const int before_separate = reader_threads.load();
+  for (std::int64_t e = 0; e < 3; ++e) {
+    ResumableSampler sampler(n, {.seed = 11});
+    sampler.set_epoch(e);
+    Batches p{nitro::from_dataset(stacked(n), sampler, batch), {.depth = 2, .workers = workers}};
+    expected.push_back(drain(p));
+    CHECK(p.threads_started() == workers);
+  }
+  CHECK(reader_threads.load() - before_separate == 3 * static_cast<int>(workers));
+  // Each epoch is that epoch's order, cut into batches.
+  for (std::int64_t e = 0; e < 3; ++e)
+    CHECK(expected[static_cast<std::size_t>(e)] == batches_of(nitro::data::epoch_order(11, e, n), batch));
+
+  const int before_one = reader_threads.load();
+  ResumableSampler sampler(n, {.seed = 11});
+  Batches p{nitro::from_dataset(stacked(n), sampler, batch), {.depth = 2, .workers = workers}};
+  for (std::int64_t e = 0; e < 3; ++e) {
+    p.set_epoch(e);
+    CHECK(p.epoch() == e);
+    CHECK(drain(p) == expected[static_cast<std::size_t>(e)]);
+    CHECK_FALSE(p.next().has_value());  // an ended epoch stays ended until set_epoch
+    CHECK(sampler.state().epoch == e);
+    CHECK(sampler.state().index == static_cast<std::int64_t>(n));
+  }
+  CHECK(p.threads_started() == workers);
+  CHECK(reader_threads.load() - before_one == static_cast<int>(workers));
+}
+
+TEST_CASE("set_epoch mid-epoch drops the batches made ahead, and a resumed epoch keeps its position") {
+  constexpr std::size_t n = 40, batch = 4;
+  ResumableSampler sampler(n, {.seed = 3});
+  Batches p{nitro::from_dataset(stacked(n), sampler, batch), {.depth = 4, .workers = 2}};
+  p.set_epoch(0);  // the epoch it reads already, nothing taken: kept
+  auto first = p.next();
+  REQUIRE(first.has_value());
+  wait_in_flight(p, 4);
+  p.set_epoch(1);  // three quarters of epoch 0 left unread
+  CHECK(sampler.state().epoch == 1);
+  CHECK(sampler.state().index == 0);
+  const auto epoch1 = drain(p);
+  CHECK(epoch1 == batches_of(nitro::data::epoch_order(3, 1, n), batch));
+
+  // Stopped after 3 batches of epoch 2, resumed in a new sampler and prefetcher: the resumed loop's
+  // set_epoch(2) keeps the loaded position, then epoch 3 is whole.
+  p.set_epoch(2);
+  for (int i = 0; i < 3; ++i) REQUIRE(p.next().has_value());
+  const SamplerState saved = sampler.state();
+  CHECK(saved.epoch == 2);
+  CHECK(saved.index == 12);
+  ResumableSampler again(n, {.seed = 3});
+  again.load_state(saved);
+  Batches q{nitro::from_dataset(stacked(n), again, batch), {.depth = 3, .workers = 3}};
+  CHECK(q.epoch() == 2);
+  q.set_epoch(2);
+  const auto whole2 = batches_of(nitro::data::epoch_order(3, 2, n), batch);
+  CHECK(drain(q) == std::vector<Indices>(whole2.begin() + 3, whole2.end()));
+  q.set_epoch(3);
+  CHECK(drain(q) == batches_of(nitro::data::epoch_order(3, 3, n), batch));
+  CHECK_THROWS_WITH_AS(q.set_epoch(-1), doctest::Contains("give one >= 0"), nitro::Error);
+}
+
+TEST_CASE("an error ends one epoch only: the same workers read the next") {
+  constexpr std::size_t n = 20, batch = 4;
+  ResumableSampler sampler(n, {.seed = 5, .shuffle = false});
+  Batches p{nitro::from_dataset(stacked(n, /*fail_at=*/9), sampler, batch), {.depth = 2, .workers = 2}};
+  CHECK(p.next().has_value());
+  CHECK(p.next().has_value());
+  CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("bad sample 9"), std::runtime_error);
+  CHECK_FALSE(p.next().has_value());
+  p.set_epoch(1);
+  CHECK(p.next().has_value());  // samples 0..3 again
+  CHECK(p.threads_started() == 2);
+}
+
+TEST_CASE("torch's RandomSampler through set_epoch: every epoch covers the data set, in a new order") {
+  constexpr std::size_t n = 30;
+  nitro::Prefetcher<nitro::Cpu, nitro::DatasetSource<Stacked, torch::data::samplers::RandomSampler>> p{
+      nitro::from_dataset(stacked(n), torch::data::samplers::RandomSampler(n), 7), {.workers = 2}};
+  std::vector<Indices> epochs;
+  for (std::int64_t e = 0; e < 3; ++e) {
+    p.set_epoch(e);
+    Indices all;
+    while (auto b = p.next()) {
+      const auto v = values(b->data);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    CHECK(all.size() == n);
+    CHECK(is_permutation_of_iota(all));
+    epochs.push_back(all);
+  }
+  CHECK((epochs[0] != epochs[1] || epochs[1] != epochs[2]));
 }

@@ -20,6 +20,18 @@
 // the workers are joined, rewinds the sampler (source.rewind()): batches made ahead and not consumed
 // are made again by the next prefetcher over the same sampler.
 //
+// Many epochs, one prefetcher: set_epoch(e) ends what is left of the current epoch (batches made
+// ahead of it are dropped, and a sampler that tracks deliveries hands them out again) and starts
+// epoch e with the same worker threads, the same pinned buffers and each worker's same copy of the
+// data set. The source must say how to start an epoch (source.set_epoch(e)): DatasetSource selects
+// the sampler's epoch (ResumableSampler, torch's DistributedSampler) and resets it (RandomSampler
+// draws a new order), LoaderSource begins its loader again; a callable cannot be restarted. A
+// prefetcher starts reading its first epoch as soon as it is made: set_epoch(e) with the epoch it is
+// already reading, before anything of it was taken, keeps what was made ahead (and a resumed
+// sampler's position), so a loop may call set_epoch(e) at the top of every epoch:
+//   for (std::int64_t e = start; e < epochs; ++e) { batches.set_epoch(e); for (auto& b : batches) ...; }
+// Once an epoch ended, next() keeps returning nothing until set_epoch.
+//
 // Prefetcher<Cuda> works on one concrete GPU: Options::device (the model's, e.g. cuda:1), or the
 // device current when it is made. The consumer's stream on that GPU waits on an event for each
 // batch's copy (no host synchronisation), and each tensor is record_stream'ed on the consumer's
@@ -117,6 +129,7 @@ class Prefetcher {
       made.block(*copy_stream_);
 #endif
     }
+    if constexpr (requires(const source_type& src) { src.epoch(); }) epoch_ = source_.epoch();
     const std::size_t workers = source_type::parallel ? o_.workers : 1;
     window_ = o_.depth + workers;
     ring_.resize(window_);
@@ -163,6 +176,38 @@ class Prefetcher {
     return std::move(item.batch);
   }
 
+  /// Starts epoch `epoch` with the same workers (see the top of this header): what is left of the
+  /// current epoch is dropped, unless `epoch` is the one being read and nothing of it was taken yet.
+  /// Call it from the consumer's thread, between batches. Throws nitro::Error for a negative epoch.
+  void set_epoch(std::int64_t epoch) {
+    static_assert(requires(source_type& src) { src.set_epoch(epoch); },
+                  "nitro::Prefetcher::set_epoch: this source cannot start a new epoch (a callable source is read "
+                  "once); use from_dataset or from_loader, or make a new prefetcher per epoch");
+    NITRO_CHECK(epoch >= 0, "nitro::Prefetcher::set_epoch: epoch is ", epoch, "; give one >= 0");
+    std::unique_lock lock(mutex_);
+    if (epoch == epoch_ && next_out_ == 0) return;  // nothing of it taken: keep what was made ahead
+    end_ = std::min(end_, next_task_);  // no new claims
+    space_.notify_all();
+    idle_.wait(lock, [&] { return busy_ == 0; });  // the batches being made are finished (then dropped)
+    for (auto& slot : ring_) slot.reset();
+    next_task_ = next_out_ = 0;
+    // The workers wait (end_ == next_task_) while the source is restarted: they claim nothing meanwhile.
+    if constexpr (requires { source_.rewind(); }) source_.rewind();
+    source_.set_epoch(epoch);
+    epoch_ = epoch;
+    end_ = no_end;
+    lock.unlock();
+    space_.notify_all();
+  }
+  /// The epoch being read: the last set_epoch's, or the source's when the prefetcher was made (0 if
+  /// it does not say).
+  [[nodiscard]] std::int64_t epoch() const {
+    std::lock_guard guard(mutex_);
+    return epoch_;
+  }
+  /// Worker threads this prefetcher has started (all at construction: set_epoch starts none).
+  [[nodiscard]] std::size_t threads_started() const noexcept { return threads_.size(); }
+
   /// Range-for: `for (auto& batch : prefetcher)`. One pass; the iterator owns the current batch.
   class Iterator {
    public:
@@ -186,6 +231,9 @@ class Prefetcher {
   std::default_sentinel_t end() { return {}; }
 
   [[nodiscard]] const Options& options() const noexcept { return o_; }
+  /// The source (e.g. a data::Pipeline, for its stats()). Changing its position while the workers
+  /// read it is the prefetcher's job: use set_epoch.
+  [[nodiscard]] const source_type& source() const noexcept { return source_; }
   /// Batches made and not yet taken, plus those being made: never more than depth + workers.
   [[nodiscard]] std::size_t in_flight() const {
     std::lock_guard guard(mutex_);
@@ -220,10 +268,12 @@ class Prefetcher {
       std::unique_lock claim(claim_mutex_);
       std::uint64_t s;
       {
+        // Between epochs (next_task_ >= end_) the worker waits for set_epoch, or for the end.
         std::unique_lock lock(mutex_);
-        space_.wait(lock, [&] { return stop_ || next_task_ >= end_ || next_task_ < next_out_ + window_; });
-        if (stop_ || next_task_ >= end_) return;
+        space_.wait(lock, [&] { return stop_ || (next_task_ < end_ && next_task_ < next_out_ + window_); });
+        if (stop_) return;
         s = next_task_++;
+        ++busy_;
       }
       Item item;
       std::optional<typename source_type::ticket_type> ticket;
@@ -234,11 +284,11 @@ class Prefetcher {
       }
       if (!ticket && !item.error) {  // the epoch ended at s
         finish(s, std::nullopt, s);
-        return;
+        continue;
       }
       if (item.error) {
         finish(s, std::move(item), s + 1);
-        return;
+        continue;
       }
       claim.unlock();
       try {
@@ -284,12 +334,14 @@ class Prefetcher {
     }
   }
 
-  // Stores item s (if any) and, when `end` is given, ends the epoch there.
+  // Stores item s (if any; not past the epoch's end, which set_epoch may have moved) and, when `end`
+  // is given, ends the epoch there.
   void finish(std::uint64_t s, std::optional<Item> item, std::uint64_t end) {
     {
       std::lock_guard guard(mutex_);
-      if (item) ring_[s % window_] = std::move(*item);
+      if (item && s < end_) ring_[s % window_] = std::move(*item);
       end_ = std::min(end_, end);
+      if (--busy_ == 0) idle_.notify_all();
     }
     ready_.notify_all();
     space_.notify_all();
@@ -300,9 +352,11 @@ class Prefetcher {
   std::size_t window_ = 1;
   mutable std::mutex mutex_;
   std::mutex claim_mutex_;
-  std::condition_variable ready_, space_;
+  std::condition_variable ready_, space_, idle_;
   std::vector<std::optional<Item>> ring_;
   std::uint64_t next_task_ = 0, next_out_ = 0, end_ = no_end;
+  std::size_t busy_ = 0;  // workers between taking a task and finish()
+  std::int64_t epoch_ = 0;
   bool stop_ = false;
 #if NITRO_WITH_CUDA
   c10::Device device_{c10::kCPU};

@@ -4,6 +4,7 @@
 //   nitro::data::RecordWriter    writes records (e.g. a uint8 3x224x224 image and an int64 label each)
 //   nitro::data::RecordFile      maps a record file; record(i) returns tensors that view the mapping
 //   nitro::data::RecordDataset   a torch::data data set over a RecordFile (field 0 -> data, 1 -> target)
+//   nitro::data::RecordBatches   a batch data set: records copied straight into one batch, with indices
 //
 //   nitro::data::RecordWriter w("train.nrec", {{"image", at::kByte, {3, 224, 224}}, {"label", at::kLong, {}}});
 //   for (...) w.write({image_u8, label});
@@ -34,6 +35,7 @@
 #include <nitro/io/file.hpp>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/ScalarType.h>
 #include <torch/data/datasets/base.h>
@@ -473,6 +475,61 @@ class RecordDataset : public torch::data::datasets::Dataset<RecordDataset> {
   torch::data::Example<> get(size_t index) override {
     auto r = file_->record(static_cast<int64_t>(index));
     return {r[0], r.size() > 1 ? r[1] : at::empty({0}, at::kLong)};
+  }
+  [[nodiscard]] std::optional<size_t> size() const override { return static_cast<size_t>(file_->size()); }
+  [[nodiscard]] const std::shared_ptr<RecordFile>& file() const noexcept { return file_; }
+
+ private:
+  std::shared_ptr<RecordFile> file_;
+};
+
+/// A batch of records and the data-set indices of its samples (what data::augment's Keys need, and
+/// what lets a prefetcher move it: nitro_map_tensors).
+struct RecordBatch {
+  /// Field 0 of each record, stacked: [N, ...field 0's shape].
+  at::Tensor data;
+  /// Field 1, stacked (an empty int64 [N, 0] for a one-field file).
+  at::Tensor target;
+  /// The samples' indices in the file, int64 [N].
+  at::Tensor index;
+  template <class F>
+  friend RecordBatch nitro_map_tensors(const RecordBatch& b, F&& f) {
+    return {f(b.data), f(b.target), f(b.index)};
+  }
+};
+
+/// A torch::data batch data set over a RecordFile: get_batch(indices) copies the records straight
+/// from the mapping into one contiguous batch (no per-sample tensor, no stacking), with the indices.
+///   auto source = nitro::from_dataset(nitro::data::RecordBatches(file), sampler, 64);  // RecordBatch
+class RecordBatches
+    : public torch::data::datasets::BatchDataset<RecordBatches, RecordBatch, std::vector<size_t>> {
+ public:
+  explicit RecordBatches(std::shared_ptr<RecordFile> file) : file_(std::move(file)) {
+    NITRO_CHECK(file_ != nullptr, "data::RecordBatches: the file is null");
+    NITRO_CHECK(file_->fields().size() <= 2, "data::RecordBatches: the file has ", file_->fields().size(),
+                " fields; a RecordBatch holds two (data, target): read other files with RecordFile::read_into");
+  }
+  RecordBatch get_batch(std::vector<size_t> indices) override {
+    const auto n = static_cast<int64_t>(indices.size());
+    const auto& fields = file_->fields();
+    const auto stacked = [&](const RecordField& f) {
+      std::vector<int64_t> shape{n};
+      shape.insert(shape.end(), f.shape.begin(), f.shape.end());
+      return at::empty(shape, at::TensorOptions().dtype(f.dtype));
+    };
+    RecordBatch b{stacked(fields[0]),
+                  fields.size() > 1 ? stacked(fields[1]) : at::empty({n, 0}, at::kLong),
+                  at::empty({n}, at::kLong)};
+    auto* index = b.index.data_ptr<int64_t>();
+    std::vector<at::Tensor> into(fields.size());
+    for (int64_t k = 0; k < n; ++k) {
+      const auto i = static_cast<int64_t>(indices[static_cast<size_t>(k)]);
+      into[0] = b.data[k];
+      if (fields.size() > 1) into[1] = b.target[k];
+      file_->read_into(i, into);
+      index[k] = i;
+    }
+    return b;
   }
   [[nodiscard]] std::optional<size_t> size() const override { return static_cast<size_t>(file_->size()); }
   [[nodiscard]] const std::shared_ptr<RecordFile>& file() const noexcept { return file_; }

@@ -86,6 +86,8 @@ class LoaderSource {
     return b;
   }
   batch_type produce(ticket_type&& batch) { return std::move(batch); }
+  /// A new epoch: the loader is begun again (its own sampler decides the order; `epoch` is not used).
+  void set_epoch(std::int64_t /*epoch*/) { it_.reset(); }
 
  private:
   Loader* loader_;
@@ -141,6 +143,19 @@ class DatasetSource {
     requires requires(Sampler& s) { s.rewind(); }
   {
     sampler_.rewind();
+  }
+
+  /// A new epoch: the sampler's epoch is set where it has one (ResumableSampler, torch's
+  /// DistributedSampler) and the sampler is reset (torch's RandomSampler draws a new order).
+  void set_epoch(std::int64_t epoch) {
+    if constexpr (requires(Sampler& s) { s.set_epoch(epoch); }) sampler_.set_epoch(epoch);
+    sampler_.reset(dataset_->size());
+  }
+  /// The sampler's epoch, for a sampler that says (ResumableSampler).
+  [[nodiscard]] std::int64_t epoch() const
+    requires requires(const Sampler& s) { { s.epoch() } -> std::convertible_to<std::int64_t>; }
+  {
+    return sampler_.epoch();
   }
 
   /// Runs on a worker: each worker thread has its own copy of the data set.

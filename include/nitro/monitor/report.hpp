@@ -7,7 +7,8 @@
 //
 // The advice, each from the figures alone (thresholds in AdviceOptions):
 //   data-bound      the host waits for the next batch more than 30% of a step: a Prefetcher, more
-//                   loader workers, a Cache in front of the data set.
+//                   loader workers, a Cache in front of the data set. With a data::Pipeline's stats
+//                   (summarize(recorder, pipeline.stats())) it names the slowest stage.
 //   memory-bound    peak memory above 90% of the device (or of the machine's RAM on the CPU):
 //                   activation checkpointing, accumulation with smaller micro-batches, bf16.
 //   launch-bound    (GPU) steps shorter than 10 ms and the device found idle at the start of most
@@ -17,6 +18,7 @@
 //                   stepping less often with accumulation.
 //   compute-bound   none of the above: the model's own arithmetic sets the pace; mixed precision
 //                   (level::Advanced) is the next lever.
+#include <nitro/data/stage_stats.hpp>
 #include <nitro/monitor/phases.hpp>
 
 #include <algorithm>
@@ -25,6 +27,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +66,8 @@ struct Summary {
   std::int64_t memory_limit_bytes = -1;
   /// The reading taken by summarize().
   memory::MemorySnapshot memory{};
+  /// A data::Pipeline's stages, when summarize() was given its stats.
+  std::optional<data::PipelineStats> pipeline{};
 
   const PhaseSummary& operator[](Phase p) const noexcept { return phases[static_cast<std::size_t>(p)]; }
 };
@@ -136,6 +141,14 @@ inline Summary summarize(Recorder& recorder) {
   return s;
 }
 
+/// The same, with a data::Pipeline's stage times (pipeline.stats(), or prefetcher.source().stats()),
+/// so that the report shows each stage and the advice names the slowest.
+inline Summary summarize(Recorder& recorder, data::PipelineStats pipeline) {
+  Summary s = summarize(recorder);
+  s.pipeline = std::move(pipeline);
+  return s;
+}
+
 /// A table of the summary, for a terminal or a log.
 inline std::string format(const Summary& s) {
   std::string out;
@@ -165,6 +178,7 @@ inline std::string format(const Summary& s) {
     out += line;
   }
   out += "\n";
+  if (s.pipeline) out += "data pipeline:\n" + s.pipeline->format();
   return out;
 }
 
@@ -208,9 +222,22 @@ inline std::vector<Advice> bottlenecks(const Summary& s, const AdviceOptions& o 
   if (data.share > o.data_share) {
     std::snprintf(buf, sizeof buf, "data-bound: the step waits %.1f ms for data, %.0f%% of a %.1f ms step",
                   data.mean_ms, 100.0 * data.share, s.step.mean_ms);
-    out.push_back({Bottleneck::data, buf,
-                   "load ahead with nitro::Prefetcher (prefetch<Device>(source, {.depth, .workers})), add loader "
-                   "workers, or put a nitro::Cache in front of the data set so later epochs read from memory"});
+    const auto slowest = s.pipeline ? s.pipeline->bottleneck() : -1;
+    if (slowest >= 0) {
+      const auto& stage = s.pipeline->stages[static_cast<std::size_t>(slowest)];
+      std::string finding = buf;
+      std::snprintf(buf, sizeof buf, "; the pipeline's slowest stage is '%s' (busy %.0f%% of its %zu worker(s)' time, "
+                    "%.2f ms per item)", stage.name.c_str(), 100.0 * stage.utilisation(), stage.workers,
+                    stage.ms_per_item());
+      out.push_back({Bottleneck::data, finding + buf,
+                     "give stage '" + stage.name + "' more workers (data::StageOptions::workers) or less work per item "
+                     "(a nitro::Cache before it, cheaper decoding), or move its work to the GPU (the prefetcher's "
+                     "transform)"});
+    } else {
+      out.push_back({Bottleneck::data, buf,
+                     "load ahead with nitro::Prefetcher (prefetch<Device>(source, {.depth, .workers})), add loader "
+                     "workers, or put a nitro::Cache in front of the data set so later epochs read from memory"});
+    }
   }
   if (s.peak_memory_bytes > 0 && s.memory_limit_bytes > 0 &&
       static_cast<double>(s.peak_memory_bytes) > o.memory_share * static_cast<double>(s.memory_limit_bytes)) {
