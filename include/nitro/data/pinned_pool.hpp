@@ -1,89 +1,77 @@
 #pragma once
-// nitro::PinnedPool: page-locked host buffers reused across batches, so a prefetcher stages each batch
-// in pinned memory (what an asynchronous host-to-device copy needs) without a pinned allocation per
-// batch in the steady state. A buffer given back with an event is reused only once the event has
-// completed, i.e. once the copy that read it is done. CUDA builds only (NITRO_WITH_CUDA).
+// nitro::PinnedPool: stages a prefetcher's CPU tensors in page-locked memory (what an asynchronous
+// host-to-device copy needs), from LibTorch's caching host allocator. CUDA builds only
+// (NITRO_WITH_CUDA).
+//
+// LibTorch's allocator already does what a pool of pinned buffers is for: a freed block is reused
+// only once the events recorded on it have completed, and at::native::copy_kernel_cuda records one
+// for every non-blocking copy from such a block (at::getHostAllocator(kCUDA)->record_event), so a
+// staging tensor may be dropped as soon as its copy is queued. It allocates outside its free lists'
+// locks, keeps per-size free lists (rounded up to powers of two), and is what PyTorch's DataLoader
+// uses for pin_memory. Nitro's earlier pool kept a second cache of such blocks on top of it (also
+// rounded to powers of two, its mutex held while LibTorch allocated); it is gone. Which one is faster
+// was not measured (no GPU was lent to the session that chose): bench_prefetch's GPU rows and the
+// prefetcher's GPU tests measure this one against raw pinned copies.
 #include <nitro/core/config.hpp>
 #include <nitro/core/device.hpp>
 
 #if NITRO_WITH_CUDA
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <ATen/ops/empty.h>
 
-#include <bit>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <mutex>
-#include <utility>
 #include <vector>
 
 namespace nitro {
 
 class PinnedPool {
  public:
-  /// A pinned byte buffer of at least `bytes` (sizes are rounded up to powers of two, so buffers of
-  /// similar batches are shared): a free one whose last copy has completed, else a new one.
-  at::Tensor acquire(std::size_t bytes) {
-    const std::size_t size = std::bit_ceil(std::max<std::size_t>(bytes, 512));
-    std::lock_guard guard(mutex_);
-    auto& free = free_[size];
-    for (auto it = free.begin(); it != free.end(); ++it) {
-      if (!it->done || it->done->query()) {
-        at::Tensor buffer = std::move(it->buffer);
-        free.erase(it);
-        ++reused_;
-        return buffer;
-      }
-    }
-    ++allocated_;
-    return at::empty({static_cast<std::int64_t>(size)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  /// A pinned tensor of `t`'s shape and dtype (contiguous) holding a copy of `t`.
+  static at::Tensor pinned_copy(const at::Tensor& t) {
+    at::Tensor pinned = at::empty(t.sizes(), t.options().pinned_memory(true));
+    pinned.copy_(t);
+    return pinned;
   }
 
-  /// Gives buffers back; they become reusable when `done` (recorded after the copies that read
-  /// them) has completed.
-  void release(std::vector<at::Tensor> buffers, std::shared_ptr<at::cuda::CUDAEvent> done) {
-    std::lock_guard guard(mutex_);
-    for (auto& b : buffers) free_[static_cast<std::size_t>(b.numel())].push_back({std::move(b), done});
-  }
-
-  /// A copy of `batch` whose CPU tensors live in pinned buffers of this pool, those already pinned
-  /// included (their owner may refill them while the copy from the pool's buffer is in flight); the
-  /// buffers used are appended to `used` (release them once the copies from them are queued and an
-  /// event recorded).
+  /// A copy of `batch` whose CPU tensors live in pinned memory, those already pinned included (their
+  /// owner may refill them while the copy from the staged one is in flight). Drop the staged tensors
+  /// once their non-blocking copies are queued: LibTorch reuses the memory after the copies end.
   template <Batch B>
-  B stage(const B& batch, std::vector<at::Tensor>& used) {
+  B stage(const B& batch) {
     return map_tensors(batch, [&](const at::Tensor& t) -> at::Tensor {
       if (!t.defined() || !t.device().is_cpu()) return t;
-      const auto bytes = static_cast<std::size_t>(t.numel()) * t.element_size();
-      at::Tensor buffer = acquire(bytes);
-      used.push_back(buffer);
-      at::Tensor view = buffer.narrow(0, 0, static_cast<std::int64_t>(bytes)).view(t.scalar_type()).view(t.sizes());
-      view.copy_(t);
-      return view;
+      if (staged_.fetch_add(1, std::memory_order_relaxed) == 0) start_.store(host_allocs());  // first use
+      return pinned_copy(t);
     });
   }
 
-  /// Pinned buffers made, and acquisitions served by reuse (for tests: the steady state makes none).
+  /// Tensors staged by this pool.
+  [[nodiscard]] std::size_t staged() const noexcept { return staged_.load(std::memory_order_relaxed); }
+  /// Pinned blocks LibTorch's allocator had to allocate (cudaHostAlloc) since this pool first staged,
+  /// in the whole process: in a steady state with one prefetcher, at most its window of batches'
+  /// worth, then none.
   [[nodiscard]] std::size_t allocated() const {
-    std::lock_guard guard(mutex_);
-    return allocated_;
+    const auto start = start_.load();
+    if (start < 0) return 0;  // nothing staged yet (and no CUDA call made: a CPU-only machine never gets here)
+    const auto now = host_allocs();
+    return now > start ? static_cast<std::size_t>(now - start) : 0;
   }
+  /// Staged tensors served from blocks LibTorch had already (an estimate from process-wide counts).
   [[nodiscard]] std::size_t reused() const {
-    std::lock_guard guard(mutex_);
-    return reused_;
+    const auto a = allocated(), s = staged();
+    return s > a ? s - a : 0;
   }
 
  private:
-  struct Free {
-    at::Tensor buffer;
-    std::shared_ptr<at::cuda::CUDAEvent> done;
-  };
-  mutable std::mutex mutex_;
-  std::map<std::size_t, std::vector<Free>> free_;
-  std::size_t allocated_ = 0, reused_ = 0;
+  static std::int64_t host_allocs() { return at::getHostAllocator(at::kCUDA)->get_stats().num_host_alloc; }
+
+  std::atomic<std::int64_t> start_{-1};  // host allocations when the first tensor was staged
+  std::atomic<std::size_t> staged_{0};
 };
 
 }  // namespace nitro

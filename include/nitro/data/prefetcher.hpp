@@ -22,7 +22,7 @@
 //
 // Many epochs, one prefetcher: set_epoch(e) ends what is left of the current epoch (batches made
 // ahead of it are dropped, and a sampler that tracks deliveries hands them out again) and starts
-// epoch e with the same worker threads, the same pinned buffers and each worker's same copy of the
+// epoch e with the same worker threads, the same copy stream and each worker's same copy of the
 // data set. The source must say how to start an epoch (source.set_epoch(e)): DatasetSource selects
 // the sampler's epoch (ResumableSampler, torch's DistributedSampler) and resets it (RandomSampler
 // draws a new order), LoaderSource begins its loader again; a callable cannot be restarted. A
@@ -42,8 +42,8 @@
 //     stream of their device when the source returned (the default stream, unless the source made
 //     another current): a source that fills them on a stream of its own makes the current stream
 //     wait for it (an event) before returning;
-//   - with pin_memory (the default) every CPU tensor, pinned or not, is copied into the prefetcher's
-//     own pinned buffers first, so a source may refill its tensors in place as soon as it has
+//   - with pin_memory (the default) every CPU tensor, pinned or not, is copied into pinned memory of
+//     LibTorch's caching host allocator first (data/pinned_pool.hpp), so a source may refill its tensors in place as soon as it has
 //     returned them; with pin_memory = false a tensor the source pinned itself is copied
 //     synchronously by the worker (it waits, the consumer does not), for the same reason.
 #include <nitro/core/concepts.hpp>
@@ -84,7 +84,8 @@ struct PrefetchOptions {
   std::size_t depth = 2;
   /// Worker threads, >= 1. A sequential source (a callable, a loader) is read by one of them.
   std::size_t workers = 1;
-  /// Prefetcher<Cuda>: stage batches in pinned host buffers (reused from a pool) so copies are asynchronous.
+  /// Prefetcher<Cuda>: stage batches in pinned host memory (LibTorch's caching host allocator, which
+  /// reuses a block once its copy is done) so copies are asynchronous.
   bool pin_memory = true;
   /// Prefetcher<Cuda>: copy without blocking the host.
   bool non_blocking = true;
@@ -316,8 +317,9 @@ class Prefetcher {
         produced.block(*copy_stream_);
         t.record_stream(*copy_stream_);
       });
-      std::vector<at::Tensor> used;
-      batch_type host = o_.pin_memory ? pool_.stage(batch, used) : std::move(batch);
+      // Staged tensors are dropped at the end of this call, their copies queued: LibTorch's caching
+      // host allocator reuses them once the copies are done (data/pinned_pool.hpp).
+      batch_type host = o_.pin_memory ? pool_.stage(batch) : std::move(batch);
       c10::cuda::CUDAStreamGuard on_copy_stream(*copy_stream_);
       // Without the pool, memory the source pinned itself is copied synchronously: the source may
       // refill it once this returns.
@@ -326,7 +328,6 @@ class Prefetcher {
       if (o_.transform) on_device = o_.transform(std::move(on_device));
       item.copied = std::make_shared<at::cuda::CUDAEvent>();
       item.copied->record(*copy_stream_);
-      if (!used.empty()) pool_.release(std::move(used), item.copied);
       item.batch.emplace(std::move(on_device));
 #endif
     } else {
