@@ -2,6 +2,10 @@
 
 #include "testing.hpp"
 
+#include <array>
+#include <numeric>
+#include <optional>
+
 namespace aug = nitro::data::augment;
 
 namespace {
@@ -138,4 +142,293 @@ TEST_CASE("augment::Compose: uint8 in, normalised crops out, the same per (seed,
   CHECK_THROWS_WITH_AS(pipeline(u8, keys({0, 1})), doctest::Contains("one data-set index per sample"), nitro::Error);
   CHECK_THROWS_WITH_AS((aug::Normalize{.mean = {0.5}, .std = {0.5}}(all, keys({0, 1, 2, 3, 4, 5}), 0)),
                        doctest::Contains("one value per channel"), nitro::Error);
+}
+
+TEST_CASE("augment: a hue shift turns the colour wheel (red to yellow, green or back), as torchvision's adjust_hue") {
+  // Pure red, pure green, a grey, and a mid orange, as one 2x2 image.
+  auto img = torch::tensor({1.0f, 0.0f, 0.5f, 1.0f,    // R
+                            0.0f, 1.0f, 0.5f, 0.5f,    // G
+                            0.0f, 0.0f, 0.5f, 0.0f})   // B
+                 .view({1, 3, 2, 2});
+  const auto shift = [&](double by) {
+    return aug::ColorJitter::shift_hue(img, torch::full({1, 1, 1, 1}, by));
+  };
+  CHECK((shift(0.0) - img).abs().max().item<double>() < 1e-6);
+  const auto third = shift(1.0 / 3.0);  // red -> green, green -> blue, grey stays, orange -> (0, 1, 0.5)
+  const auto expect = torch::tensor({0.0f, 0.0f, 0.5f, 0.0f,
+                                     1.0f, 0.0f, 0.5f, 1.0f,
+                                     0.0f, 1.0f, 0.5f, 0.5f}).view({1, 3, 2, 2});
+  CHECK((third - expect).abs().max().item<double>() < 1e-5);
+  const auto sixth = shift(1.0 / 6.0);  // red -> yellow
+  CHECK((sixth.select(3, 0).select(2, 0)[0] - torch::tensor({1.0f, 1.0f, 0.0f})).abs().max().item<double>() < 1e-5);
+  CHECK((shift(-1.0 / 3.0) - shift(2.0 / 3.0)).abs().max().item<double>() < 1e-5);
+}
+
+// ---- YOLO boxes through the geometric stages ----
+
+namespace {
+
+/// One sample's YOLO rows [n, 5] (class, cx, cy, w, h) from pixel rectangles (class, x0, y0, x1, y1),
+/// x1 and y1 exclusive, in an H x W image.
+at::Tensor yolo(std::vector<std::array<double, 5>> rects, int64_t H, int64_t W) {
+  std::vector<float> v;
+  for (const auto& [c, x0, y0, x1, y1] : rects) {
+    v.push_back(static_cast<float>(c));
+    v.push_back(static_cast<float>((x0 + x1) / 2 / static_cast<double>(W)));
+    v.push_back(static_cast<float>((y0 + y1) / 2 / static_cast<double>(H)));
+    v.push_back(static_cast<float>((x1 - x0) / static_cast<double>(W)));
+    v.push_back(static_cast<float>((y1 - y0) / static_cast<double>(H)));
+  }
+  return torch::tensor(v).view({static_cast<int64_t>(rects.size()), 5});
+}
+
+/// Row r of YOLO boxes as a pixel rectangle {x0, y0, x1, y1} of an H x W image.
+std::array<double, 4> pixels_of(const at::Tensor& boxes, int64_t r, int64_t H, int64_t W) {
+  const auto b = boxes[r].to(at::kDouble);
+  const double cx = b[1].item<double>(), cy = b[2].item<double>(), w = b[3].item<double>(), h = b[4].item<double>();
+  return {(cx - w / 2) * static_cast<double>(W), (cy - h / 2) * static_cast<double>(H),
+          (cx + w / 2) * static_cast<double>(W), (cy + h / 2) * static_cast<double>(H)};
+}
+
+/// The rectangle {x0, y0, x1, y1} (x1, y1 exclusive) of the pixels of a [H, W] image above `above`;
+/// nothing when none is.
+std::optional<std::array<double, 4>> extent(const at::Tensor& img, double above = 0.0) {
+  const auto on = (img > above).nonzero();  // [k, 2]: row, column
+  if (on.size(0) == 0) return std::nullopt;
+  const auto lo = std::get<0>(on.min(0)), hi = std::get<0>(on.max(0));
+  return std::array<double, 4>{lo[1].item<double>(), lo[0].item<double>(), hi[1].item<double>() + 1,
+                               hi[0].item<double>() + 1};
+}
+
+/// A [n, channels, H, W] batch whose channel c is 1 inside rects[c] (x0, y0, x1, y1) and 0 elsewhere.
+at::Tensor filled(int64_t n, int64_t H, int64_t W, const std::vector<std::array<int64_t, 4>>& rects) {
+  auto x = torch::zeros({n, static_cast<int64_t>(rects.size()), H, W});
+  for (size_t c = 0; c < rects.size(); ++c) {
+    const auto& [x0, y0, x1, y1] = rects[c];
+    x.select(1, static_cast<int64_t>(c)).slice(1, y0, y1).slice(2, x0, x1).fill_(1);
+  }
+  return x;
+}
+
+void check_same_place(const std::optional<std::array<double, 4>>& px, const std::array<double, 4>& box,
+                      double tolerance) {
+  REQUIRE(px.has_value());
+  for (size_t e = 0; e < 4; ++e) CHECK(std::abs((*px)[e] - box[e]) <= tolerance);
+}
+
+}  // namespace
+
+static_assert(aug::TransformsBoxes<aug::HFlip> && aug::TransformsBoxes<aug::Rotate90> &&
+              aug::TransformsBoxes<aug::RandomResizedCrop>);
+static_assert(aug::KeepsGeometry<aug::ColorJitter> && !aug::TransformsBoxes<aug::ColorJitter>);
+static_assert(!aug::KeepsGeometry<aug::HFlip>);
+namespace {
+struct Unmarked {  // a stage of one's own that says nothing about geometry: Compose with boxes rejects it
+  at::Tensor operator()(const at::Tensor& x, const aug::Keys&, int) const { return x; }
+};
+}  // namespace
+static_assert(!aug::KeepsGeometry<Unmarked> && !aug::TransformsBoxes<Unmarked>);
+
+TEST_CASE("augment boxes: HFlip mirrors a box exactly where it mirrors the pixels, with the same draw") {
+  const int64_t H = 10, W = 16;
+  const auto x = filled(8, H, W, {{3, 2, 9, 5}});  // columns [3, 9), rows [2, 5)
+  const aug::Boxes boxes(8, yolo({{7, 3, 2, 9, 5}}, H, W));
+  const aug::HFlip flip{.p = 0.5};
+  const auto k = keys({0, 1, 2, 3, 4, 5, 6, 7});
+  const auto [out, moved] = flip(x, boxes, k, 2);
+  CHECK(torch::equal(out, flip(x, k, 2)));  // the images are those of the box-less call
+  const auto flips = flip.flips(k, 8, 2);
+  int flipped = 0;
+  for (int64_t i = 0; i < 8; ++i) {
+    flipped += flips[static_cast<size_t>(i)];
+    const auto expect = flips[static_cast<size_t>(i)] ? std::array<double, 4>{16 - 9, 2, 16 - 3, 5}
+                                                      : std::array<double, 4>{3, 2, 9, 5};
+    check_same_place(extent(out[i][0]), expect, 0.0);
+    check_same_place(extent(out[i][0]), pixels_of(moved[static_cast<size_t>(i)], 0, H, W), 1e-4);
+    CHECK(moved[static_cast<size_t>(i)][0][0].item<float>() == 7.0f);  // the class stays
+  }
+  CHECK(flipped > 0);
+  CHECK(flipped < 8);
+}
+
+TEST_CASE("augment boxes: Rotate90 turns a box and a bright pixel to the same place, for every k") {
+  // One bright pixel at row 1, column 6 of an 8x8 image, and its one-pixel box.
+  const int64_t S = 8;
+  const auto x = filled(16, S, S, {{6, 1, 7, 2}, {2, 1, 7, 4}});  // and a 5 x 3 rectangle, to see w and h swap
+  const aug::Boxes boxes(16, yolo({{0, 6, 1, 7, 2}, {1, 2, 1, 7, 4}}, S, S));
+  const aug::Rotate90 rot;
+  std::vector<int64_t> idx(16);
+  std::iota(idx.begin(), idx.end(), 100);
+  const auto k = keys(idx);
+  const auto [out, moved] = rot(x, boxes, k, 3);
+  CHECK(torch::equal(out, rot(x, k, 3)));
+  const auto turns = rot.turns(k, 16, 3);
+  std::array<int, 4> seen{};
+  for (int64_t i = 0; i < 16; ++i) {
+    const auto t = turns[static_cast<size_t>(i)];
+    ++seen[static_cast<size_t>(t)];
+    const auto& b = moved[static_cast<size_t>(i)];
+    for (int64_t c = 0; c < 2; ++c) check_same_place(extent(out[i][c]), pixels_of(b, c, S, S), 1e-4);
+    // By hand: counter-clockwise on screen, the top-right pixel (row 1, column 6) goes to the top left.
+    const std::array<std::array<double, 4>, 4> pixel{{{6, 1, 7, 2}, {1, 1, 2, 2}, {1, 6, 2, 7}, {6, 6, 7, 7}}};
+    check_same_place(extent(out[i][0]), pixel[static_cast<size_t>(t)], 0.0);
+    const double w = b[1][3].item<double>() * S, h = b[1][4].item<double>() * S;
+    CHECK(std::abs(w - (t % 2 ? 3 : 5)) < 1e-5);
+    CHECK(std::abs(h - (t % 2 ? 5 : 3)) < 1e-5);
+  }
+  for (int t = 0; t < 4; ++t) CHECK(seen[static_cast<size_t>(t)] > 0);
+}
+
+TEST_CASE("augment boxes: RandomResizedCrop maps, clips or drops a box as the pixels go, with the same draw") {
+  const int64_t H = 40, W = 48, OH = 20, OW = 24;
+  // Channel 0: a large rectangle most crops see; channel 1: a small one in a corner most crops miss.
+  const std::vector<std::array<int64_t, 4>> rects{{10, 8, 36, 30}, {2, 33, 6, 38}};
+  const int64_t n = 24;
+  const auto x = filled(n, H, W, rects);
+  const aug::Boxes boxes(static_cast<size_t>(n), yolo({{0, 10, 8, 36, 30}, {1, 2, 33, 6, 38}}, H, W));
+  const aug::RandomResizedCrop crop{.height = OH, .width = OW, .scale_min = 0.1};
+  std::vector<int64_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  const auto k = keys(idx, 1);
+  const auto [out, moved] = crop(x, boxes, k, 1);
+  CHECK((out - crop(x, k, 1)).abs().max().item<double>() == 0);
+  const auto drawn = crop.crops(k, n, H, W, 1);
+  const auto by_hand = crop.crop_boxes(boxes, drawn, H, W);
+  int kept = 0, dropped = 0, clipped = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& b = moved[static_cast<size_t>(i)];
+    CHECK(torch::equal(b, by_hand[static_cast<size_t>(i)]));
+    const auto& [top, left, ch, cw] = drawn[static_cast<size_t>(i)];
+    for (int64_t c = 0; c < 2; ++c) {
+      const auto row = (b.select(1, 0) == static_cast<float>(c)).nonzero();
+      // Bilinear resampling smears an edge over a source pixel: the pixels above 0.5 are those whose
+      // centres lie inside the box, so their extent is the box's to within half an output pixel.
+      // (The crop's clamp to its own border keeps that true at the edges.)
+      const auto px = extent(out[i][c], 0.5);
+      const auto& [x0, y0, x1, y1] = rects[static_cast<size_t>(c)];
+      const bool overlaps = x0 < left + cw && left < x1 && y0 < top + ch && top < y1;
+      CHECK(overlaps == (row.size(0) == 1));
+      if (row.size(0) == 0) {
+        ++dropped;
+        CHECK(out[i][c].abs().max().item<double>() == 0);  // not one pixel of it in the crop
+        continue;
+      }
+      ++kept;
+      clipped += !(left <= x0 && x1 <= left + cw && top <= y0 && y1 <= top + ch);
+      const auto box = pixels_of(b, row[0][0].item<int64_t>(), OH, OW);
+      for (double e : box) CHECK((e >= -1e-4 && e <= std::max(OH, OW) + 1e-4));
+      if (!px) {  // a sliver of the box under one output pixel: no pixel centre inside it
+        CHECK((box[2] - box[0] <= 1 || box[3] - box[1] <= 1));
+        continue;
+      }
+      check_same_place(px, box, 0.5 + 1e-3);
+    }
+  }
+  CHECK(kept > 0);
+  CHECK(dropped > 0);
+  CHECK(clipped > 0);
+}
+
+TEST_CASE("augment boxes: RandomResizedCrop on a known crop, hand-computed boxes, clipping and min_visibility") {
+  // A 100 x 200 image (H x W), the crop top 20, left 50, 40 high, 100 wide: x in [50, 150), y in [20, 60).
+  const std::vector<std::array<int64_t, 4>> crop{{20, 50, 40, 100}};
+  const auto b = torch::tensor({3.0f, 0.5f, 0.4f, 0.2f, 0.2f,     // x [80, 120], y [30, 50]: inside
+                                1.0f, 0.75f, 0.5f, 0.2f, 0.4f,    // x [130, 170], y [30, 70]: 0.375 of it inside
+                                2.0f, 0.1f, 0.1f, 0.1f, 0.1f,     // x [10, 30]: outside
+                                4.0f, 0.2f, 0.4f, 0.1f, 0.2f,     // x [30, 50]: touches the crop's left edge
+                                5.0f, 0.5f, 0.5f, 1.0f, 1.0f})    // the whole image: 0.2 of it inside
+                     .view({5, 5});
+  const auto run = [&](double min_visibility) {
+    return aug::RandomResizedCrop{.min_visibility = min_visibility}.crop_boxes({b}, crop, 100, 200)[0];
+  };
+  // In fractions of the crop: x (x - 50) / 100, y (y - 20) / 40, clipped to [0, 1].
+  const auto inside = torch::tensor({3.0f, 0.5f, 0.5f, 0.4f, 0.5f});
+  const auto edge = torch::tensor({1.0f, 0.9f, 0.625f, 0.2f, 0.75f});  // x [0.8, 1.0], y [0.25, 1.0]
+  const auto whole = torch::tensor({5.0f, 0.5f, 0.5f, 1.0f, 1.0f});
+  const auto close = [](const at::Tensor& got, const at::Tensor& want) {
+    return got.sizes() == want.sizes() && (got - want).abs().max().item<double>() < 1e-5;
+  };
+  CHECK(close(run(0.0), torch::stack({inside, edge, whole})));
+  CHECK(run(0.0).scalar_type() == at::kFloat);
+  CHECK(close(run(0.3), torch::stack({inside, edge})));
+  CHECK(close(run(0.37), torch::stack({inside, edge})));  // 0.375 visible, up to float rounding
+  CHECK(close(run(0.38), inside.view({1, 5})));
+  CHECK(close(run(0.5), inside.view({1, 5})));
+  CHECK(close(run(1.0), inside.view({1, 5})));
+  // A sample without boxes, and one whose boxes all fall outside: [0, 5] each.
+  const auto none = aug::RandomResizedCrop{}.crop_boxes({torch::zeros({0, 5}), b.slice(0, 2, 4)},
+                                                        {crop[0], crop[0]}, 100, 200);
+  CHECK(none[0].sizes() == c10::IntArrayRef{0, 5});
+  CHECK(none[1].sizes() == c10::IntArrayRef{0, 5});
+  CHECK_THROWS_WITH_AS(aug::RandomResizedCrop{.min_visibility = 1.5}.crop_boxes({b}, crop, 100, 200),
+                       doctest::Contains("min_visibility"), nitro::Error);
+}
+
+TEST_CASE("augment::Compose with boxes: the same boxes per (seed, epoch, index) in a batch of 1 or 8") {
+  torch::manual_seed(3);
+  const int64_t n = 8;
+  const auto u8 = torch::randint(0, 256, {n, 3, 32, 32}, at::kByte);
+  aug::Boxes boxes;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t m = i % 4;  // 0 to 3 boxes
+    const auto centre = torch::rand({m, 2}) * 0.6 + 0.2, size = torch::rand({m, 2}) * 0.3 + 0.05;
+    boxes.push_back(torch::cat({torch::full({m, 1}, static_cast<float>(i)), centre, size}, 1));
+  }
+  using Pipeline =
+      aug::Compose<aug::ToFloat, aug::RandomResizedCrop, aug::HFlip, aug::Rotate90, aug::ColorJitter, aug::Normalize>;
+  Pipeline pipeline{{}, {.height = 16, .width = 16, .scale_min = 0.3}, {}, {}, {.brightness = 0.4, .hue = 0.1}, {}};
+  const auto k = keys({0, 1, 2, 3, 4, 5, 6, 7}, 4);
+  const auto [all, all_boxes] = pipeline(u8, boxes, k);
+  CHECK(all.sizes() == c10::IntArrayRef{n, 3, 16, 16});
+  REQUIRE(all_boxes.size() == static_cast<size_t>(n));
+  // The images are those of the box-less pipeline.
+  CHECK((all - pipeline(u8, k)).abs().max().item<double>() < 1e-6);
+  // By hand, stage by stage, with Compose's stage indices.
+  const aug::RandomResizedCrop crop{.height = 16, .width = 16, .scale_min = 0.3};
+  auto [x1, b1] = crop(u8.to(at::kFloat) / 255, boxes, k, 1);
+  auto [x2, b2] = aug::HFlip{}(x1, b1, k, 2);
+  auto [x3, b3] = aug::Rotate90{}(x2, b2, k, 3);
+  for (size_t i = 0; i < all_boxes.size(); ++i) CHECK(torch::equal(all_boxes[i], b3[i]));
+  // Sample 5 alone (position 0 of a batch of 1), and sample 2 at position 6 of a reversed batch of 8.
+  const auto [one, one_boxes] = pipeline(u8.slice(0, 5, 6), {boxes[5]}, keys({5}, 4));
+  CHECK(torch::equal(one_boxes[0], all_boxes[5]));
+  CHECK((one[0] - all[5]).abs().max().item<double>() < 1e-6);
+  const auto rev = u8.flip({0});
+  const aug::Boxes rev_boxes(boxes.rbegin(), boxes.rend());
+  const auto [back, back_boxes] = pipeline(rev, rev_boxes, keys({7, 6, 5, 4, 3, 2, 1, 0}, 4));
+  for (size_t i = 0; i < all_boxes.size(); ++i) CHECK(torch::equal(back_boxes[all_boxes.size() - 1 - i], all_boxes[i]));
+  // In CPU slices or whole: the same.
+  auto sliced = pipeline;
+  sliced.cpu_slice_bytes = 1;
+  const auto [s_img, s_boxes] = sliced(u8, boxes, k);
+  for (size_t i = 0; i < all_boxes.size(); ++i) CHECK(torch::equal(s_boxes[i], all_boxes[i]));
+  CHECK((s_img - all).abs().max().item<double>() < 1e-6);
+  // Another epoch moves them.
+  const auto [_, next] = pipeline(u8, boxes, keys({0, 1, 2, 3, 4, 5, 6, 7}, 5));
+  bool moved = false;
+  for (size_t i = 1; i < all_boxes.size(); ++i) moved = moved || !torch::equal(next[i], all_boxes[i]);
+  CHECK(moved);
+  // Stages that move no pixel pass the boxes as they came.
+  aug::Compose<aug::ToFloat, aug::ColorJitter, aug::GaussianNoise, aug::GaussianBlur, aug::Normalize> colour{
+      {}, {.brightness = 0.4, .hue = 0.2}, {}, {}, {}};
+  const auto [c_img, c_boxes] = colour(u8, boxes, k);
+  for (size_t i = 0; i < boxes.size(); ++i) CHECK(torch::equal(c_boxes[i], boxes[i]));
+}
+
+TEST_CASE("augment boxes: boxes of the wrong shape, dtype or count throw nitro::Error saying what to give") {
+  const auto x = torch::rand({2, 3, 8, 8});
+  const auto k = keys({0, 1});
+  aug::Compose<aug::HFlip, aug::Rotate90> pipeline;
+  const auto good = torch::tensor({0.0f, 0.5f, 0.5f, 0.2f, 0.2f}).view({1, 5});
+  CHECK_THROWS_WITH_AS(pipeline(x, {good, good, good}, k),
+                       doctest::Contains("one box tensor per sample of the batch (2), got 3"), nitro::Error);
+  CHECK_THROWS_WITH_AS(pipeline(x, {good, torch::rand({2, 4})}, k),
+                       doctest::Contains("the boxes of sample 1 must be a floating tensor [n, 5] of YOLO rows"),
+                       nitro::Error);
+  CHECK_THROWS_WITH_AS(pipeline(x, {good, torch::ones({1, 5}, at::kLong)}, k), doctest::Contains("[n, 5]"),
+                       nitro::Error);
+  CHECK_THROWS_WITH_AS(aug::HFlip{}(x, {good, torch::zeros({0})}, k, 0), doctest::Contains("[n, 5]"), nitro::Error);
+  CHECK_THROWS_WITH_AS((aug::RandomResizedCrop{.height = 4, .width = 4}(x, {good}, k, 0)),
+                       doctest::Contains("one box tensor per sample"), nitro::Error);
+  CHECK_NOTHROW(pipeline(x, {good, torch::zeros({0, 5})}, k));
 }

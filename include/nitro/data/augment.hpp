@@ -18,21 +18,38 @@
 //   ToFloat            uint8 -> float / 255
 //   Normalize          (x - mean) / std per channel
 //   HFlip              mirror left-right with probability p
-//   Rotate90           a quarter turn k in {0, 1, 2, 3}, uniform (square images when k can be odd)
+//   Rotate90           a quarter turn k in {0, 1, 2, 3}, uniform (square images only)
 //   RandomResizedCrop  torchvision's scale/ratio sampling, bilinear resampling to height x width
 //                      (equal to F.interpolate of the crop, align_corners=false, no antialias)
-//   ColorJitter        brightness, contrast, saturation factors in [1 - a, 1 + a] (torchvision's
-//                      formulas), applied in that fixed order; hue is not implemented yet
+//   ColorJitter        brightness, contrast, saturation factors in [1 - a, 1 + a] and a hue shift in
+//                      [-hue, hue] (torchvision's formulas), applied in that fixed order
 //   GaussianNoise      x + std * N(0, 1), the noise from a counter-based hash of (key, element), so
 //                      the same on every device
 //   GaussianBlur       an odd kernel, sigma uniform in [sigma_min, sigma_max], reflect padding
+//
+// Detection: boxes in YOLO format follow the geometric stages.
+//
+//   aug::Boxes targets = ...;  // one floating tensor [n_i, 5] per sample, rows (class, cx, cy, w, h),
+//                              // cx and w as fractions of the image's width, cy and h of its height
+//   auto [images, boxes] = pipeline(images_u8, targets, {.seed = 7, .epoch = epoch, .index = sample_indices});
+//
+// HFlip (cx -> 1 - cx), Rotate90 (the centre turns with the image, w and h swap for odd k) and
+// RandomResizedCrop (boxes mapped into the crop and clipped to it) move a sample's boxes with the very
+// draw they apply to its pixels: drawn once, used for both. The crop drops a box left with no area, or
+// with less than `min_visibility` of its area (default 0: only the empty ones). The other stages say
+// `geometric = false` and pass boxes unchanged; Compose rejects, at compile time, a stage of your own
+// that says neither (see TransformsBoxes and KeepsGeometry). Boxes come back one tensor per sample, on
+// their device and in their dtype; a sample whose boxes were all dropped gets [0, 5].
 #include <nitro/core/error.hpp>
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -45,6 +62,11 @@ struct Keys {
   int64_t epoch = 0;
   at::Tensor index;
 };
+
+/// YOLO boxes of a batch: one floating tensor [n_i, 5] per sample (n_i may be 0), on any device, each
+/// row (class, cx, cy, w, h) with the centre and size as fractions of the image's width (cx, w) and
+/// height (cy, h).
+using Boxes = std::vector<at::Tensor>;
 
 namespace detail {
 
@@ -99,6 +121,20 @@ inline at::Tensor per_sample(const std::vector<double>& v, const at::Tensor& lik
       .view({static_cast<int64_t>(v.size()), 1, 1, 1});
 }
 
+inline void check_boxes(const Boxes& boxes, int64_t n, const char* stage) {
+  NITRO_CHECK(static_cast<int64_t>(boxes.size()) == n, "data::augment::", stage,
+              ": expected one box tensor per sample of the batch (", n, "), got ", boxes.size(),
+              "; give a sample without boxes an empty [0, 5] tensor");
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    const auto& b = boxes[i];
+    NITRO_CHECK(b.defined() && b.dim() == 2 && b.size(1) == 5 && b.is_floating_point(), "data::augment::", stage,
+                ": the boxes of sample ", i, " must be a floating tensor [n, 5] of YOLO rows (class, cx, cy, w, h), "
+                "normalised to the image's size; got ",
+                b.defined() ? c10::str(b.sizes(), " ", c10::toString(b.scalar_type()))
+                            : std::string("an undefined tensor"));
+  }
+}
+
 /// A 31-bit integer hash, exact in int64 tensor arithmetic on every device (no product reaches 2^63).
 inline at::Tensor hash31(at::Tensor x) {
   for (int r = 0; r < 3; ++r) {
@@ -112,16 +148,30 @@ inline at::Tensor hash31(at::Tensor x) {
 
 }  // namespace detail
 
+/// A stage that moves boxes as it moves pixels, with the same draw:
+/// `auto [images, boxes] = stage(images, boxes, keys, stage_index)`.
+template <class S>
+concept TransformsBoxes = requires(const S& s, const at::Tensor& x, const Boxes& b, const Keys& k, int i) {
+  { s(x, b, k, i) } -> std::same_as<std::pair<at::Tensor, Boxes>>;
+};
+
+/// A stage that leaves every pixel where it was (`static constexpr bool geometric = false`): boxes pass it unchanged.
+template <class S>
+concept KeepsGeometry = requires { requires !S::geometric; };
+
 /// uint8 -> float32 in [0, 1].
 struct ToFloat {
+  static constexpr bool geometric = false;
   at::Tensor operator()(const at::Tensor& x, const Keys&, int) const {
     detail::check_images(x, "ToFloat", false);
     return x.is_floating_point() ? x : x.to(at::kFloat).div_(255.0);
   }
 };
+static_assert(KeepsGeometry<ToFloat>);
 
 /// (x - mean) / std per channel.
 struct Normalize {
+  static constexpr bool geometric = false;
   std::vector<double> mean{0.485, 0.456, 0.406};
   std::vector<double> std{0.229, 0.224, 0.225};
   at::Tensor operator()(const at::Tensor& x, const Keys&, int) const {
@@ -136,29 +186,75 @@ struct Normalize {
     return (x - m) / s;
   }
 };
+static_assert(KeepsGeometry<Normalize>);
 
-/// Mirrors left-right with probability p.
+/// Mirrors left-right with probability p; a flipped sample's boxes get cx -> 1 - cx.
 struct HFlip {
+  static constexpr bool geometric = true;
   double p = 0.5;
+
   at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
     detail::check_images(x, "HFlip", false);
-    auto r = detail::rngs(keys, x.size(0), stage);
-    std::vector<double> flip;
-    for (auto& g : r) flip.push_back(g.uniform() < p ? 1.0 : 0.0);
-    const auto mask = detail::per_sample(flip, x.to(at::kFloat)).to(at::kBool);
+    return flip(x, flips(keys, x.size(0), stage));
+  }
+  std::pair<at::Tensor, Boxes> operator()(const at::Tensor& x, const Boxes& boxes, const Keys& keys, int stage) const {
+    detail::check_images(x, "HFlip", false);
+    detail::check_boxes(boxes, x.size(0), "HFlip");
+    const auto f = flips(keys, x.size(0), stage);
+    return {flip(x, f), flip_boxes(boxes, f)};
+  }
+
+  /// Which samples flip (1) and which do not (0): the one draw that images and boxes share.
+  [[nodiscard]] std::vector<uint8_t> flips(const Keys& keys, int64_t n, int stage) const {
+    auto r = detail::rngs(keys, n, stage);
+    std::vector<uint8_t> out;
+    out.reserve(r.size());
+    for (auto& g : r) out.push_back(g.uniform() < p ? 1 : 0);
+    return out;
+  }
+  static at::Tensor flip(const at::Tensor& x, const std::vector<uint8_t>& flips) {
+    const auto mask = at::tensor(std::vector<int64_t>(flips.begin(), flips.end()), at::TensorOptions().dtype(at::kLong))
+                          .to(x.device(), at::kBool)
+                          .view({x.size(0), 1, 1, 1});
     return at::where(mask, x.flip({3}), x);
   }
+  static Boxes flip_boxes(const Boxes& boxes, const std::vector<uint8_t>& flips) {
+    Boxes out(boxes);
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (!flips[i] || out[i].size(0) == 0) continue;
+      out[i] = boxes[i].clone();
+      out[i].select(1, 1).mul_(-1).add_(1);
+    }
+    return out;
+  }
 };
+static_assert(TransformsBoxes<HFlip>);
 
-/// A quarter turn k in {0, 1, 2, 3} (counter-clockwise, as torch.rot90), uniform per sample.
+/// A quarter turn k in {0, 1, 2, 3} (counter-clockwise as seen on screen, as torch.rot90 over dims
+/// {2, 3}), uniform per sample. A box turns with its sample: for k = 1, (cx, cy, w, h) -> (cy, 1 - cx, h, w).
 struct Rotate90 {
+  static constexpr bool geometric = true;
+
   at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
-    detail::check_images(x, "Rotate90", false);
-    NITRO_CHECK(x.size(2) == x.size(3), "data::augment::Rotate90: images must be square to stay one batch, got ",
-                x.size(2), "x", x.size(3));
-    auto r = detail::rngs(keys, x.size(0), stage);
+    check(x);
+    return turn(x, turns(keys, x.size(0), stage));
+  }
+  std::pair<at::Tensor, Boxes> operator()(const at::Tensor& x, const Boxes& boxes, const Keys& keys, int stage) const {
+    check(x);
+    detail::check_boxes(boxes, x.size(0), "Rotate90");
+    const auto ks = turns(keys, x.size(0), stage);
+    return {turn(x, ks), turn_boxes(boxes, ks)};
+  }
+
+  /// Each sample's number of quarter turns: the one draw that images and boxes share.
+  [[nodiscard]] std::vector<int64_t> turns(const Keys& keys, int64_t n, int stage) const {
+    auto r = detail::rngs(keys, n, stage);
     std::vector<int64_t> ks;
+    ks.reserve(r.size());
     for (auto& g : r) ks.push_back(g.below(4));
+    return ks;
+  }
+  static at::Tensor turn(const at::Tensor& x, const std::vector<int64_t>& ks) {
     auto out = x.clone();
     for (int64_t k = 1; k < 4; ++k) {
       std::vector<int64_t> sel;
@@ -170,15 +266,42 @@ struct Rotate90 {
     }
     return out;
   }
+  /// rot90(k = 1) sends pixel (row y, column x) to (row W - 1 - x, column y): in fractions of the side,
+  /// (x, y) -> (y, 1 - x).
+  static Boxes turn_boxes(const Boxes& boxes, const std::vector<int64_t>& ks) {
+    Boxes out(boxes);
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (ks[i] == 0 || out[i].size(0) == 0) continue;
+      const auto c = boxes[i].unbind(1);  // class, cx, cy, w, h
+      if (ks[i] == 1) out[i] = at::stack({c[0], c[2], 1 - c[1], c[4], c[3]}, 1);
+      else if (ks[i] == 2) out[i] = at::stack({c[0], 1 - c[1], 1 - c[2], c[3], c[4]}, 1);
+      else out[i] = at::stack({c[0], 1 - c[2], c[1], c[4], c[3]}, 1);
+    }
+    return out;
+  }
+
+ private:
+  static void check(const at::Tensor& x) {
+    detail::check_images(x, "Rotate90", false);
+    NITRO_CHECK(x.size(2) == x.size(3), "data::augment::Rotate90: images must be square to stay one batch, got ",
+                x.size(2), "x", x.size(3));
+  }
 };
+static_assert(TransformsBoxes<Rotate90>);
 
 /// torchvision's RandomResizedCrop: a crop of area scale x the image's and aspect ratio in `ratio`
-/// (log-uniform), resampled bilinearly to height x width.
+/// (log-uniform), resampled bilinearly to height x width. Boxes are mapped into the crop and clipped to
+/// it; a box keeps its place when its part inside the crop has some area and at least `min_visibility`
+/// of its whole area, and is dropped otherwise.
 struct RandomResizedCrop {
+  static constexpr bool geometric = true;
   int64_t height = 224;
   int64_t width = 224;
   double scale_min = 0.08, scale_max = 1.0;
   double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
+  /// The fraction of a box's area that must stay inside the crop for the box to be kept, in [0, 1].
+  /// 0 (the default) drops only the boxes left with no area (outside the crop or on its border).
+  double min_visibility = 0.0;
 
   /// The crop of one sample: top, left, height, width (torchvision's get_params, our generator).
   std::array<int64_t, 4> crop(detail::Rng& g, int64_t H, int64_t W) const {
@@ -198,27 +321,35 @@ struct RandomResizedCrop {
     return {(H - h) / 2, (W - w) / 2, h, w};
   }
 
+  /// Each sample's crop of an H x W batch: the one draw that images and boxes share.
+  [[nodiscard]] std::vector<std::array<int64_t, 4>> crops(const Keys& keys, int64_t n, int64_t H, int64_t W,
+                                                          int stage) const {
+    auto r = detail::rngs(keys, n, stage);
+    std::vector<std::array<int64_t, 4>> out;
+    out.reserve(r.size());
+    for (auto& g : r) out.push_back(crop(g, H, W));
+    return out;
+  }
+
   at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
-    detail::check_images(x, "RandomResizedCrop", true);
-    NITRO_CHECK(height >= 1 && width >= 1 && 0 < scale_min && scale_min <= scale_max && scale_max <= 1.0 &&
-                    0 < ratio_min && ratio_min <= ratio_max,
-                "data::augment::RandomResizedCrop: needs height, width >= 1, 0 < scale_min <= scale_max <= 1, "
-                "0 < ratio_min <= ratio_max");
-    const int64_t N = x.size(0), H = x.size(2), W = x.size(3);
-    auto r = detail::rngs(keys, N, stage);
-    std::vector<std::array<int64_t, 4>> boxes;
-    for (auto& g : r) boxes.push_back(crop(g, H, W));
-    return resample(x, boxes);
+    check(x);
+    return resample(x, crops(keys, x.size(0), x.size(2), x.size(3), stage));
+  }
+  std::pair<at::Tensor, Boxes> operator()(const at::Tensor& x, const Boxes& boxes, const Keys& keys, int stage) const {
+    check(x);
+    detail::check_boxes(boxes, x.size(0), "RandomResizedCrop");
+    const auto c = crops(keys, x.size(0), x.size(2), x.size(3), stage);
+    return {resample(x, c), crop_boxes(boxes, c, x.size(2), x.size(3))};
   }
 
   /// Bilinear resampling of each sample's crop to height x width: source coordinates
   /// left + (j + 0.5) * w / width - 0.5, clamped to the crop, as F.interpolate computes them on the
   /// crop alone; one grid_sample for the batch.
-  at::Tensor resample(const at::Tensor& x, const std::vector<std::array<int64_t, 4>>& boxes) const {
+  at::Tensor resample(const at::Tensor& x, const std::vector<std::array<int64_t, 4>>& crops) const {
     const int64_t N = x.size(0), H = x.size(2), W = x.size(3);
     const auto o = at::TensorOptions().dtype(at::kDouble);
     std::vector<double> top, left, h, w;
-    for (const auto& b : boxes) {
+    for (const auto& b : crops) {
       top.push_back(static_cast<double>(b[0]));
       left.push_back(static_cast<double>(b[1]));
       h.push_back(static_cast<double>(b[2]));
@@ -235,23 +366,72 @@ struct RandomResizedCrop {
     const auto grid = at::stack({gx, gy}, 3).to(x.device(), x.scalar_type());
     return at::grid_sampler(x, grid, /*bilinear*/ 0, /*zeros*/ 0, /*align_corners=*/false);
   }
-};
 
-/// Brightness, contrast and saturation factors uniform in [max(0, 1 - a), 1 + a], applied in that
-/// order with torchvision's formulas (float images in [0, 1]).
+  /// Each sample's boxes in its crop of an H x W image (top, left, height, width, as crop() gives), as
+  /// fractions of the crop, clipped to it; boxes with no area left (a thousandth of a pixel or less
+  /// either way) or less than min_visibility of their area inside are dropped. The resampling maps the
+  /// crop linearly onto the output, so these are the boxes of the output image.
+  Boxes crop_boxes(const Boxes& boxes, const std::vector<std::array<int64_t, 4>>& crops, int64_t H, int64_t W) const {
+    NITRO_CHECK(min_visibility >= 0 && min_visibility <= 1,
+                "data::augment::RandomResizedCrop: min_visibility is a fraction of a box's area, in [0, 1], got ",
+                min_visibility);
+    Boxes out;
+    out.reserve(boxes.size());
+    for (size_t i = 0; i < boxes.size(); ++i) {
+      const auto& b = boxes[i];
+      if (b.size(0) == 0) {
+        out.push_back(b);
+        continue;
+      }
+      const auto [top, left, h, w] = crops[i];
+      const auto d = b.to(at::kDouble);
+      const auto cx = d.select(1, 1), cy = d.select(1, 2), bw = d.select(1, 3), bh = d.select(1, 4);
+      // The box's edges in pixels, then in fractions of the crop (unclipped, then clipped).
+      const auto x0 = ((cx - bw / 2) * static_cast<double>(W) - static_cast<double>(left)) / static_cast<double>(w);
+      const auto x1 = ((cx + bw / 2) * static_cast<double>(W) - static_cast<double>(left)) / static_cast<double>(w);
+      const auto y0 = ((cy - bh / 2) * static_cast<double>(H) - static_cast<double>(top)) / static_cast<double>(h);
+      const auto y1 = ((cy + bh / 2) * static_cast<double>(H) - static_cast<double>(top)) / static_cast<double>(h);
+      const auto cx0 = x0.clamp(0, 1), cx1 = x1.clamp(0, 1), cy0 = y0.clamp(0, 1), cy1 = y1.clamp(0, 1);
+      const auto nw = cx1 - cx0, nh = cy1 - cy0;
+      // "Some area" is more than a thousandth of a pixel each way: a box that ends on the crop's edge
+      // comes out of float rounding with a sliver of 1e-6, which is no box.
+      const auto keep = (nw * static_cast<double>(w) > 1e-3) & (nh * static_cast<double>(h) > 1e-3) &
+                        (nw * nh >= min_visibility * (x1 - x0) * (y1 - y0));
+      const auto rows = at::stack({d.select(1, 0), (cx0 + cx1) / 2, (cy0 + cy1) / 2, nw, nh}, 1);
+      out.push_back(rows.index_select(0, keep.nonzero().squeeze(1)).to(b.scalar_type()));
+    }
+    return out;
+  }
+
+ private:
+  void check(const at::Tensor& x) const {
+    detail::check_images(x, "RandomResizedCrop", true);
+    NITRO_CHECK(height >= 1 && width >= 1 && 0 < scale_min && scale_min <= scale_max && scale_max <= 1.0 &&
+                    0 < ratio_min && ratio_min <= ratio_max,
+                "data::augment::RandomResizedCrop: needs height, width >= 1, 0 < scale_min <= scale_max <= 1, "
+                "0 < ratio_min <= ratio_max");
+  }
+};
+static_assert(TransformsBoxes<RandomResizedCrop>);
+
+/// Brightness, contrast and saturation factors uniform in [max(0, 1 - a), 1 + a] and a hue shift
+/// uniform in [-hue, hue] (hue <= 0.5, in turns of the colour wheel), applied in that order with
+/// torchvision's formulas (float RGB images in [0, 1]).
 struct ColorJitter {
-  double brightness = 0.0, contrast = 0.0, saturation = 0.0;
+  static constexpr bool geometric = false;
+  double brightness = 0.0, contrast = 0.0, saturation = 0.0, hue = 0.0;
 
   at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
     detail::check_images(x, "ColorJitter", true);
-    NITRO_CHECK(brightness >= 0 && contrast >= 0 && saturation >= 0,
-                "data::augment::ColorJitter: brightness, contrast and saturation must be >= 0");
+    NITRO_CHECK(brightness >= 0 && contrast >= 0 && saturation >= 0 && hue >= 0 && hue <= 0.5,
+                "data::augment::ColorJitter: brightness, contrast and saturation must be >= 0, hue in [0, 0.5]");
     auto r = detail::rngs(keys, x.size(0), stage);
-    std::vector<double> b, c, s;
+    std::vector<double> b, c, s, h;
     for (auto& g : r) {
       b.push_back(g.uniform(std::max(0.0, 1 - brightness), 1 + brightness));
       c.push_back(g.uniform(std::max(0.0, 1 - contrast), 1 + contrast));
       s.push_back(g.uniform(std::max(0.0, 1 - saturation), 1 + saturation));
+      h.push_back(g.uniform(-hue, hue));
     }
     // Each step makes one new tensor and then works in place on it.
     auto y = x;
@@ -265,7 +445,41 @@ struct ColorJitter {
       const auto f = detail::per_sample(s, y);
       y = (y * f).add_(gray(y).mul_(1 - f)).clamp_(0, 1);
     }
+    if (hue > 0) y = shift_hue(y, detail::per_sample(h, y));
     return y;
+  }
+
+  /// torchvision's adjust_hue, batched: RGB to HSV, h + shift (mod 1), back to RGB. `shift`: [N, 1, 1, 1].
+  static at::Tensor shift_hue(const at::Tensor& x, const at::Tensor& shift) {
+    NITRO_CHECK(x.size(1) == 3, "data::augment::ColorJitter: hue needs RGB images (3 channels), got ", x.size(1));
+    const auto r = x.select(1, 0), g = x.select(1, 1), b = x.select(1, 2);
+    const auto maxc = at::maximum(at::maximum(r, g), b), minc = at::minimum(at::minimum(r, g), b);
+    const auto eqc = maxc == minc;
+    const auto cr = maxc - minc;
+    const auto ones = at::ones_like(maxc);
+    const auto sat = cr / at::where(eqc, ones, maxc);
+    const auto div = at::where(eqc, ones, cr);
+    const auto rc = (maxc - r) / div, gc = (maxc - g) / div, bc = (maxc - b) / div;
+    const auto hr = (maxc == r).to(x.scalar_type()) * (bc - gc);
+    const auto hg = ((maxc == g) & (maxc != r)).to(x.scalar_type()) * (2.0 + rc - bc);
+    const auto hb = ((maxc != g) & (maxc != r)).to(x.scalar_type()) * (4.0 + gc - rc);
+    auto hh = at::fmod((hr + hg + hb) / 6.0 + 1.0, 1.0);
+    hh = at::remainder(hh + shift.squeeze(1), 1.0);  // Python's %, as torchvision: any shift wraps
+    // Back to RGB (torchvision's _hsv2rgb).
+    const auto v = maxc;
+    const auto i6 = at::floor(hh * 6.0);
+    const auto f = hh * 6.0 - i6;
+    const auto i = at::remainder(i6.to(at::kLong), 6);
+    const auto p = (v * (1.0 - sat)).clamp(0, 1);
+    const auto q = (v * (1.0 - sat * f)).clamp(0, 1);
+    const auto t = (v * (1.0 - sat * (1.0 - f))).clamp(0, 1);
+    const auto pick = [&](std::initializer_list<at::Tensor> by_sector) {
+      std::vector<at::Tensor> v6(by_sector);
+      auto out = at::zeros_like(v);
+      for (int64_t k = 0; k < 6; ++k) out = at::where(i == k, v6[static_cast<size_t>(k)], out);
+      return out;
+    };
+    return at::stack({pick({v, q, p, p, t, v}), pick({t, v, v, q, p, p}), pick({p, p, t, v, v, q})}, 1);
   }
 
   /// torchvision's rgb_to_grayscale: 0.299 R + 0.587 G + 0.114 B, [N, 1, H, W].
@@ -274,9 +488,11 @@ struct ColorJitter {
     return (0.299 * x.select(1, 0) + 0.587 * x.select(1, 1) + 0.114 * x.select(1, 2)).unsqueeze(1);
   }
 };
+static_assert(KeepsGeometry<ColorJitter>);
 
 /// x + std * N(0, 1), the noise a function of (seed, epoch, index, stage, element): the same on any device.
 struct GaussianNoise {
+  static constexpr bool geometric = false;
   double std = 0.05;
   at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
     detail::check_images(x, "GaussianNoise", true);
@@ -301,10 +517,12 @@ struct GaussianNoise {
     return x + (std * z).to(x.scalar_type()).view(x.sizes());
   }
 };
+static_assert(KeepsGeometry<GaussianNoise>);
 
 /// Gaussian blur with an odd kernel and sigma uniform in [sigma_min, sigma_max], reflect padding
 /// (torchvision's gaussian_blur, as one grouped separable convolution for the batch).
 struct GaussianBlur {
+  static constexpr bool geometric = false;
   int64_t kernel = 5;
   double sigma_min = 0.1, sigma_max = 2.0;
   at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
@@ -330,6 +548,7 @@ struct GaussianBlur {
     return y.view(x.sizes());
   }
 };
+static_assert(KeepsGeometry<GaussianBlur>);
 
 /// Stages applied in order, stage s drawing from the generators of stage s (see the top of the file).
 template <class... Stages>
@@ -344,12 +563,9 @@ class Compose {
   /// its own, so the result is the same either way. On a GPU the batch goes through whole.
   at::Tensor operator()(at::Tensor batch, const Keys& keys) const {
     NITRO_CHECK(batch.defined() && batch.dim() >= 1, "data::augment::Compose: expected a batch [N, C, H, W]");
-    const int64_t n = batch.size(0);
-    const int64_t per_sample = std::max<int64_t>(1, batch.numel() / std::max<int64_t>(1, n) * 4);
-    const int64_t slice = std::max<int64_t>(1, cpu_slice_bytes / per_sample);
-    if (!batch.device().is_cpu() || cpu_slice_bytes <= 0 || slice >= n) return apply(std::move(batch), keys, std::index_sequence_for<Stages...>{});
-    NITRO_CHECK(keys.index.defined() && keys.index.dim() == 1 && keys.index.size(0) == n,
-                "data::augment: Keys::index must hold one data-set index per sample (int64 [", n, "])");
+    const int64_t n = batch.size(0), slice = slice_of(batch);
+    if (slice >= n) return apply(std::move(batch), keys, std::index_sequence_for<Stages...>{});
+    check_keys(keys, n);
     std::vector<at::Tensor> parts;
     for (int64_t i = 0; i < n; i += slice) {
       const int64_t j = std::min(n, i + slice);
@@ -357,6 +573,29 @@ class Compose {
                             std::index_sequence_for<Stages...>{}));
     }
     return at::cat(parts);
+  }
+
+  /// Images and their YOLO boxes (see Boxes): the geometric stages move each sample's boxes with the
+  /// draw they apply to its pixels, the others pass them unchanged. Returns the images and the boxes
+  /// left, one tensor per sample as given (a crop may leave a sample [0, 5]).
+  ///   auto [images, boxes] = pipeline(images_u8, targets, keys);
+  std::pair<at::Tensor, Boxes> operator()(at::Tensor batch, const Boxes& boxes, const Keys& keys) const {
+    NITRO_CHECK(batch.defined() && batch.dim() >= 1, "data::augment::Compose: expected a batch [N, C, H, W]");
+    const int64_t n = batch.size(0), slice = slice_of(batch);
+    detail::check_boxes(boxes, n, "Compose");
+    if (slice >= n) return apply(std::move(batch), boxes, keys, std::index_sequence_for<Stages...>{});
+    check_keys(keys, n);
+    std::vector<at::Tensor> parts;
+    Boxes out;
+    out.reserve(boxes.size());
+    for (int64_t i = 0; i < n; i += slice) {
+      const int64_t j = std::min(n, i + slice);
+      auto [x, b] = apply(batch.slice(0, i, j), Boxes(boxes.begin() + i, boxes.begin() + j),
+                          {keys.seed, keys.epoch, keys.index.slice(0, i, j)}, std::index_sequence_for<Stages...>{});
+      parts.push_back(std::move(x));
+      for (auto& t : b) out.push_back(std::move(t));
+    }
+    return {at::cat(parts), std::move(out)};
   }
 
   /// Bytes of float pixels per slice on the CPU (see operator()); 0 or less: the whole batch at once.
@@ -368,10 +607,40 @@ class Compose {
   }
 
  private:
+  /// Samples per slice; n or more: the batch goes through whole.
+  [[nodiscard]] int64_t slice_of(const at::Tensor& batch) const {
+    const int64_t n = batch.size(0);
+    if (!batch.device().is_cpu() || cpu_slice_bytes <= 0) return n;
+    const int64_t per_sample = std::max<int64_t>(1, batch.numel() / std::max<int64_t>(1, n) * 4);
+    return std::max<int64_t>(1, cpu_slice_bytes / per_sample);
+  }
+
+  static void check_keys(const Keys& keys, int64_t n) {
+    NITRO_CHECK(keys.index.defined() && keys.index.dim() == 1 && keys.index.size(0) == n,
+                "data::augment: Keys::index must hold one data-set index per sample (int64 [", n, "])");
+  }
+
   template <size_t... I>
   at::Tensor apply(at::Tensor x, const Keys& keys, std::index_sequence<I...>) const {
     ((x = std::get<I>(stages_)(x, keys, static_cast<int>(I))), ...);
     return x;
+  }
+
+  template <size_t... I>
+  std::pair<at::Tensor, Boxes> apply(at::Tensor x, Boxes b, const Keys& keys, std::index_sequence<I...>) const {
+    (step<I>(x, b, keys), ...);
+    return {std::move(x), std::move(b)};
+  }
+
+  template <size_t I>
+  void step(at::Tensor& x, Boxes& b, const Keys& keys) const {
+    using S = std::tuple_element_t<I, std::tuple<Stages...>>;
+    static_assert(TransformsBoxes<S> || KeepsGeometry<S>,
+                  "data::augment::Compose with boxes: each stage must either move boxes with its pixels "
+                  "(operator()(images, boxes, keys, stage) returning std::pair<at::Tensor, Boxes>) or declare "
+                  "that it moves no pixel (static constexpr bool geometric = false)");
+    if constexpr (TransformsBoxes<S>) std::tie(x, b) = std::get<I>(stages_)(x, b, keys, static_cast<int>(I));
+    else x = std::get<I>(stages_)(x, keys, static_cast<int>(I));
   }
 
   std::tuple<Stages...> stages_;
