@@ -125,3 +125,109 @@ TEST_CASE("gpu: cuda_memory_fraction caps the caching allocator for the scope" *
   if (before) CHECK(*nitro::compat::cuda_memory_fraction(device) == doctest::Approx(*before));
 #endif
 }
+
+#if defined(__linux__)
+#include "child.hpp"
+
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+namespace {
+std::vector<int> cpus_of_thread(pid_t tid) { return nitro::hw::detail::cpus_of(tid); }
+int nice_of_thread(pid_t tid) { return nitro::hw::detail::nice_of(tid).value_or(-99); }
+pid_t this_tid() { return static_cast<pid_t>(::syscall(SYS_gettid)); }
+}  // namespace
+
+TEST_CASE("cpu_affinity and nice apply to every thread of the process and are restored at scope exit") {
+  const auto all = cpus_of_thread(0);
+  REQUIRE_FALSE(all.empty());
+  const int before_nice = nice_of_thread(this_tid());
+  // A second thread that exists before the scope: it must be changed and restored too.
+  std::atomic<pid_t> other{0};
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    other = this_tid();
+    while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  while (other == 0) std::this_thread::yield();
+  const int target = before_nice + 3 <= 19 ? before_nice + 3 : 19;
+  {
+    nitro::hw::ScopedSettings scope{{.cpu_affinity = std::vector<int>{all.front()}, .nice = target}};
+    CHECK(cpus_of_thread(0) == std::vector<int>{all.front()});
+    CHECK(cpus_of_thread(other) == std::vector<int>{all.front()});
+    CHECK(nice_of_thread(this_tid()) == target);
+    CHECK(nice_of_thread(other) == target);
+    const auto now = nitro::hw::current();
+    CHECK(now.cpu_affinity == std::optional<std::vector<int>>(std::vector<int>{all.front()}));
+    CHECK(now.nice == std::optional<int>(target));
+    // A thread started inside the scope inherits both.
+    std::vector<int> inner_cpus;
+    int inner_nice = -99;
+    std::thread([&] {
+      inner_cpus = cpus_of_thread(0);
+      inner_nice = nice_of_thread(this_tid());
+    }).join();
+    CHECK(inner_cpus == std::vector<int>{all.front()});
+    CHECK(inner_nice == target);
+  }
+  CHECK(cpus_of_thread(0) == all);
+  CHECK(cpus_of_thread(other) == all);
+  CHECK(nice_of_thread(this_tid()) == before_nice);
+  CHECK(nice_of_thread(other) == before_nice);
+  done = true;
+  t.join();
+}
+
+TEST_CASE("cpu_affinity and nice out of range are refused before anything changes") {
+  const auto all = cpus_of_thread(0);
+  const long configured = ::sysconf(_SC_NPROCESSORS_CONF);
+  CHECK(contains(error_of({.cpu_affinity = std::vector<int>{}}), "cpu_affinity is empty"));
+  CHECK(contains(error_of({.cpu_affinity = std::vector<int>{static_cast<int>(configured)}}),
+                 "this machine's CPUs are 0.."));
+  CHECK(contains(error_of({.cpu_affinity = std::vector<int>{-1}}), "names CPU -1"));
+  CHECK(contains(error_of({.nice = 20}), "nice must be in [-20, 19], got 20"));
+  CHECK(contains(error_of({.nice = -21}), "nice must be in [-20, 19]"));
+  // A valid field and an invalid one: nothing changed.
+  CHECK_THROWS_AS(nitro::hw::ScopedSettings({.intra_op_threads = 0, .cpu_affinity = std::vector<int>{all.front()}}),
+                  nitro::Error);
+  CHECK(cpus_of_thread(0) == all);
+}
+
+// Run as an unprivileged user (nobody): a negative nice, and a raise it could not undo, are refused
+// with what to do; the nice value is unchanged.
+NITRO_TEST_CHILD(unprivileged_nice) {
+  if (::setgid(65534) != 0 || ::setuid(65534) != 0) return 3;  // could not drop privileges
+  const int before = ::getpriority(PRIO_PROCESS, 0);
+  rlimit lim{};
+  ::getrlimit(RLIMIT_NICE, &lim);
+  if (lim.rlim_cur != 0) return 4;  // the test assumes the default limit
+  int failures = 0;
+  try {
+    nitro::hw::ScopedSettings s{{.nice = before - 5}};
+    ++failures;
+  } catch (const nitro::Error& e) {
+    if (std::string(e.what()).find("may not lower its nice value") == std::string::npos) ++failures;
+  }
+  try {
+    nitro::hw::ScopedSettings s{{.nice = before + 2}};
+    ++failures;
+  } catch (const nitro::Error& e) {
+    if (std::string(e.what()).find("could not be undone") == std::string::npos) ++failures;
+  }
+  if (::getpriority(PRIO_PROCESS, 0) != before) ++failures;
+  return failures == 0 ? 0 : 10 + failures;
+}
+
+TEST_CASE("without privilege, a lower nice (or one that could not be undone) is a clear error") {
+  if (::geteuid() != 0) {
+    MESSAGE("not root: the child cannot switch to user nobody; skipped");
+    return;
+  }
+  CHECK(nitro::test::run_child("unprivileged_nice", {}) == 0);
+}
+#endif

@@ -12,6 +12,15 @@
 // inter_op_threads is the exception to restoring: LibTorch lets a process set it once, before any
 // inter-op parallel work, and never again. ScopedSettings sets it when it differs from the current
 // value, throws nitro::Error when LibTorch can no longer change it, and leaves it set on exit.
+//
+// cpu_affinity and nice (Linux) apply to every thread the process has when the scope begins (LibTorch's
+// intra-op pool, loader workers), and threads started later inherit them from their creator; at the
+// end each thread gets its own earlier value back (a thread started meanwhile gets the creating
+// thread's). A nice value below the current one needs CAP_SYS_NICE or a RLIMIT_NICE that allows it,
+// and so does going back down at the end: a value the process could not set, or could not undo, is a
+// nitro::Error before anything changes.
+//
+//   nitro::hw::ScopedSettings pinned{{.cpu_affinity = std::vector<int>{0, 1, 2, 3}, .nice = 5}};
 #include <nitro/core/compat.hpp>
 #include <nitro/core/config.hpp>
 #include <nitro/core/device.hpp>
@@ -21,8 +30,26 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if defined(__linux__)
+#include <dirent.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#endif
 
 #if NITRO_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -49,6 +76,11 @@ struct Settings {
   std::optional<double> cuda_memory_fraction;
   /// The device `cuda_memory_fraction` applies to; -1 means the current device.
   int cuda_device = -1;
+  /// The CPUs the process's threads may run on (Linux), each in [0, configured CPUs), not empty.
+  std::optional<std::vector<int>> cpu_affinity;
+  /// The scheduling priority (nice value, Linux) of the process's threads, in [-20, 19]; lower is
+  /// more CPU. Below the current value needs privilege (see the top of this file).
+  std::optional<int> nice;
 
   /// cuDNN autotuning and TF32 on.
   static Settings fast() {
@@ -68,8 +100,87 @@ struct Settings {
   }
 };
 
+namespace detail {
+#if defined(__linux__)
+/// The process's threads (Linux task ids), the calling one first.
+inline std::vector<pid_t> process_threads() {
+  const auto self = static_cast<pid_t>(::syscall(SYS_gettid));
+  std::vector<pid_t> out{self};
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (const dirent* e = ::readdir(d)) {
+      if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+      const auto tid = static_cast<pid_t>(std::strtol(e->d_name, nullptr, 10));
+      if (tid != self) out.push_back(tid);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+inline std::vector<int> cpus_of(pid_t tid) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (::sched_getaffinity(tid, sizeof set, &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
+inline bool set_cpus(pid_t tid, const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  return ::sched_setaffinity(tid, sizeof set, &set) == 0;
+}
+
+inline std::optional<int> nice_of(pid_t tid) {
+  errno = 0;
+  const int v = ::getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
+  if (v == -1 && errno != 0) return std::nullopt;
+  return v;
+}
+
+/// Whether this process may lower a thread's nice value to `value` (CAP_SYS_NICE, or RLIMIT_NICE).
+inline bool may_lower_nice_to(int value) {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NICE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY &&
+      value >= 20 - static_cast<long>(lim.rlim_cur))
+    return true;
+  if (lim.rlim_cur == RLIM_INFINITY) return true;
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("CapEff:", 0) == 0) {
+      const auto caps = std::stoull(line.substr(7), nullptr, 16);
+      return (caps >> 23) & 1u;  // CAP_SYS_NICE
+    }
+  }
+  return false;
+}
+#endif
+}  // namespace detail
+
 /// Throws nitro::Error naming the first setting that is out of range, and the range.
 inline void validate(const Settings& s) {
+  if (s.cpu_affinity) {
+#if defined(__linux__)
+    const long configured = ::sysconf(_SC_NPROCESSORS_CONF);
+    NITRO_CHECK(!s.cpu_affinity->empty(), "hw::Settings: cpu_affinity is empty; give the CPUs to run on, e.g. {0, 1}");
+    for (int c : *s.cpu_affinity)
+      NITRO_CHECK(c >= 0 && c < configured && c < CPU_SETSIZE, "hw::Settings: cpu_affinity names CPU ", c,
+                  ", but this machine's CPUs are 0..", configured - 1);
+#else
+    nitro::detail::fail("hw::Settings: cpu_affinity is supported on Linux only");
+#endif
+  }
+  if (s.nice) {
+#if defined(__linux__)
+    NITRO_CHECK(*s.nice >= -20 && *s.nice <= 19, "hw::Settings: nice must be in [-20, 19], got ", *s.nice);
+#else
+    nitro::detail::fail("hw::Settings: nice is supported on Linux only");
+#endif
+  }
   if (s.intra_op_threads)
     NITRO_CHECK(*s.intra_op_threads >= 1, "hw::Settings: intra_op_threads must be >= 1, got ", *s.intra_op_threads);
   if (s.inter_op_threads)
@@ -100,6 +211,10 @@ inline Settings current(int cuda_device = -1) {
   s.intra_op_threads = at::get_num_threads();
   s.inter_op_threads = static_cast<int>(at::get_num_interop_threads());
   s.cuda_device = cuda_device;
+#if defined(__linux__)
+  s.cpu_affinity = detail::cpus_of(0);
+  s.nice = detail::nice_of(static_cast<pid_t>(::syscall(SYS_gettid)));
+#endif
 #if NITRO_WITH_CUDA
   if (Cuda::available()) {
     const auto index = cuda_device < 0 ? c10::cuda::current_device() : static_cast<c10::DeviceIndex>(cuda_device);
@@ -155,11 +270,15 @@ class ScopedSettings {
       try {
         at::set_num_interop_threads(*s.inter_op_threads);
       } catch (const c10::Error&) {
-        detail::fail("hw::Settings: inter_op_threads can no longer be changed (now ", at::get_num_interop_threads(),
+        nitro::detail::fail("hw::Settings: inter_op_threads can no longer be changed (now ", at::get_num_interop_threads(),
                      "): LibTorch allows it once per process, before any inter-op parallel work; "
                      "apply it at the start of main()");
       }
     }
+#if defined(__linux__)
+    if (s.cpu_affinity) apply_affinity(*s.cpu_affinity);
+    if (s.nice) apply_nice(*s.nice);
+#endif
 #if NITRO_WITH_CUDA
     if (s.cuda_memory_fraction) {
       device_ = s.cuda_device < 0 ? c10::cuda::current_device() : static_cast<c10::DeviceIndex>(s.cuda_device);
@@ -169,6 +288,79 @@ class ScopedSettings {
     }
 #endif
   }
+
+#if defined(__linux__)
+  void apply_affinity(const std::vector<int>& cpus) {
+    const auto threads = detail::process_threads();
+    for (pid_t t : threads) saved_cpus_.emplace_back(t, detail::cpus_of(t));
+    for (pid_t t : threads) {
+      if (detail::set_cpus(t, cpus)) continue;
+      const int error = errno;
+      if (error == ESRCH) continue;  // the thread ended meanwhile
+      nitro::detail::fail("hw::Settings: cpu_affinity {", join(cpus), "} could not be set (", std::strerror(error),
+                   "); give CPUs this process may use (now {", join(saved_cpus_.front().second), "})");
+    }
+    auto wanted = cpus;
+    std::sort(wanted.begin(), wanted.end());
+    wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
+    const auto now = detail::cpus_of(0);
+    NITRO_CHECK(now == wanted, "hw::Settings: cpu_affinity {", join(cpus), "} is not allowed here: the process "
+                "may use only {", join(now), "} of them (a cgroup or taskset limits it); give CPUs among those");
+  }
+
+  void apply_nice(int value) {
+    const auto threads = detail::process_threads();
+    std::vector<std::pair<pid_t, int>> before;
+    for (pid_t t : threads)
+      if (auto v = detail::nice_of(t)) before.emplace_back(t, *v);
+    int lowest = value;
+    for (const auto& [t, v] : before) lowest = std::min(lowest, v);
+    bool lowers = false, raises = false;
+    for (const auto& [t, v] : before) {
+      lowers = lowers || value < v;
+      raises = raises || value > v;
+    }
+    if (lowers)
+      NITRO_CHECK(detail::may_lower_nice_to(value), "hw::Settings: nice ", value, " is below the current ",
+                  before.empty() ? 0 : before.front().second, " and this process may not lower its nice value "
+                  "(it needs CAP_SYS_NICE, or RLIMIT_NICE >= ", 20 - value, "); give a value >= the current one");
+    if (raises)
+      NITRO_CHECK(detail::may_lower_nice_to(lowest), "hw::Settings: nice ", value, " could not be undone at the "
+                  "end of the scope: going back to ", lowest, " needs CAP_SYS_NICE or RLIMIT_NICE >= ", 20 - lowest,
+                  "; set it once for the whole run (setpriority, or start the program with `nice -n ", value, "`)");
+    saved_nice_ = before;
+    for (const auto& [t, v] : before) {
+      if (::setpriority(PRIO_PROCESS, static_cast<id_t>(t), value) == 0 || errno == ESRCH) continue;
+      nitro::detail::fail("hw::Settings: nice ", value, " could not be set (", std::strerror(errno), ")");
+    }
+  }
+
+  static std::string join(const std::vector<int>& v) {
+    std::string out;
+    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+    return out;
+  }
+
+  // Each thread's own earlier value; threads started during the scope get the creating thread's.
+  void restore_threads() noexcept {
+    if (saved_cpus_.empty() && saved_nice_.empty()) return;
+    try {
+      const auto threads = detail::process_threads();
+      const auto value_for = [&](const auto& saved, pid_t t) {
+        for (const auto& [tid, v] : saved)
+          if (tid == t) return v;
+        return saved.front().second;
+      };
+      for (pid_t t : threads) {
+        if (!saved_nice_.empty()) ::setpriority(PRIO_PROCESS, static_cast<id_t>(t), value_for(saved_nice_, t));
+        if (!saved_cpus_.empty()) detail::set_cpus(t, value_for(saved_cpus_, t));
+      }
+    } catch (...) {  // NOLINT(bugprone-empty-catch): restoring must not throw; allocation failure only
+    }
+    saved_cpus_.clear();
+    saved_nice_.clear();
+  }
+#endif
 
   void restore() noexcept {
     auto& ctx = at::globalContext();
@@ -180,6 +372,9 @@ class ScopedSettings {
     if (saved_.deterministic_algorithms) ctx.setDeterministicAlgorithms(*saved_.deterministic_algorithms, saved_warn_only_);
     if (saved_.cudnn_deterministic) ctx.setDeterministicCuDNN(*saved_.cudnn_deterministic);
     if (saved_.cudnn_benchmark) ctx.setBenchmarkCuDNN(*saved_.cudnn_benchmark);
+#if defined(__linux__)
+    restore_threads();
+#endif
     saved_ = {};
     saved_tf32_.reset();
   }
@@ -188,6 +383,10 @@ class ScopedSettings {
   std::optional<compat::Tf32State> saved_tf32_;
   bool saved_warn_only_ = false;
   c10::DeviceIndex device_ = 0;
+#if defined(__linux__)
+  std::vector<std::pair<pid_t, std::vector<int>>> saved_cpus_;  // calling thread first
+  std::vector<std::pair<pid_t, int>> saved_nice_;                // calling thread first
+#endif
 };
 
 }  // namespace nitro::hw
