@@ -80,6 +80,28 @@ TEST_CASE("for_each_tensor visits each tensor once") {
   CHECK(elements == 3 + 3 + 2 + 10 + 1);
 }
 
+TEST_CASE("for_each_tensor visits the batch's own tensors in map_tensors' order, copying nothing") {
+  const auto batch = std::make_pair(std::vector<at::Tensor>{torch::zeros({1}), torch::ones({2})},
+                                    std::optional<torch::data::Example<>>(torch::data::Example<>{torch::zeros({3}),
+                                                                                                  torch::zeros({4})}));
+  std::vector<const at::Tensor*> seen;
+  std::vector<long> uses;
+  nitro::for_each_tensor(batch, [&](const at::Tensor& t) {
+    seen.push_back(&t);
+    uses.push_back(t.use_count());
+  });
+  // The very objects inside the batch (no vector, pair or Example was rebuilt), and no extra reference.
+  CHECK(seen == std::vector<const at::Tensor*>{&batch.first[0], &batch.first[1], &batch.second->data,
+                                               &batch.second->target});
+  CHECK(uses == std::vector<long>{1, 1, 1, 1});
+  std::vector<std::int64_t> order;
+  (void)nitro::map_tensors(batch, [&](const at::Tensor& t) {
+    order.push_back(t.numel());
+    return t;
+  });
+  CHECK(order == std::vector<std::int64_t>{1, 2, 3, 4});
+}
+
 TEST_CASE("to_device on the CPU: no copy unless asked, layout on request") {
   const auto x = torch::randn({2, 3, 4, 5});
   const auto y = nitro::to_device(x, nitro::Cpu::device());

@@ -167,13 +167,43 @@ struct MapTensorsFn {
 /// members are copied. The customization point for user types is `nitro_map_tensors` (see above).
 inline constexpr detail::MapTensorsFn map_tensors{};
 
-/// Calls `f(const at::Tensor&)` on each tensor of `batch`.
+namespace detail {
+// Visits without building a copy of the batch (no vector, tuple or Example is made); a user type is
+// visited through its nitro_map_tensors, which does build one.
+struct ForEachTensorFn {
+  template <class B, class F>
+  void operator()(const B& b, F& f) const {
+    if constexpr (TensorBatch<B>) {
+      f(static_cast<const at::Tensor&>(b));
+    } else if constexpr (CustomBatch<B>) {
+      (void)nitro_map_tensors(b, [&f](const at::Tensor& t) {
+        f(t);
+        return t;
+      });
+    } else if constexpr (is_tuple<B>::value && Batch<B>) {
+      std::apply([&](const auto&... e) { ((*this)(e, f), ...); }, b);
+    } else if constexpr (is_pair<B>::value && Batch<B>) {
+      (*this)(b.first, f);
+      (*this)(b.second, f);
+    } else if constexpr (is_vector<B>::value && Batch<B>) {
+      for (const auto& e : b) (*this)(e, f);
+    } else if constexpr (is_optional<B>::value && Batch<B>) {
+      if (b) (*this)(*b, f);
+    } else if constexpr (is_example<B>::value && Batch<B>) {
+      (*this)(b.data, f);
+      if constexpr (!std::is_void_v<typename B::TargetType>) (*this)(b.target, f);
+    } else {
+      (void)MapTensorsFn{}(b, [](const at::Tensor& t) { return t; });  // its static_assert names the fix
+    }
+  }
+};
+}  // namespace detail
+
+/// Calls `f(const at::Tensor&)` on each tensor of `batch`, in map_tensors' order, without copying
+/// the batch (a user type with nitro_map_tensors is visited through it).
 template <class B, class F>
 void for_each_tensor(const B& batch, F&& f) {
-  (void)map_tensors(batch, [&f](const at::Tensor& t) {
-    f(t);
-    return t;
-  });
+  detail::ForEachTensorFn{}(batch, f);
 }
 
 /// How to_device copies.
