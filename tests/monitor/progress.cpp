@@ -294,3 +294,23 @@ TEST_CASE("bad progress options and bad updates throw nitro::Error naming the pr
   CHECK(bar.count() == 0);
   CHECK_FALSE(bar.loss_average().has_value());
 }
+
+TEST_CASE("gpu: a GPU loss is copied without blocking and averaged once its copy is done" * nitro::test::needs_gpu()) {
+  auto out = std::shared_ptr<std::FILE>(std::tmpfile(), &std::fclose);
+  ProgressOptions o;
+  o.stream = out.get();
+  o.terminal = false;
+  o.loss_every = 1;
+  o.loss_smoothing = 0.5;
+  ProgressBar bar{o};
+  const auto device = nitro::Cuda::device();
+  double expected = 0;
+  for (int v = 1; v <= 4; ++v) {
+    torch::cuda::synchronize();  // the previous copy is done: none is skipped
+    bar.update(1, torch::tensor(static_cast<double>(v), torch::TensorOptions().device(device)) * 1.0f);
+    expected = v == 1 ? 1.0 : 0.5 * expected + 0.5 * v;
+  }
+  bar.close();  // waits for the last copy
+  REQUIRE(bar.loss_average().has_value());
+  CHECK(*bar.loss_average() == doctest::Approx(expected));
+}

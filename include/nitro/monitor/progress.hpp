@@ -20,14 +20,27 @@
 //
 // Why the loss is read only every loss_every calls: on a GPU, .item() waits for every kernel queued
 // so far, which stalls the pipeline of asynchronous launches the training step relies on. The loss
-// shown is an exponential moving average of those reads, not of every step.
+// shown is an exponential moving average of those reads, not of every step. A GPU loss is never read
+// with .item(): the kept loss is copied to pinned host memory without blocking, and the value is
+// taken once that copy has completed (looked at on each later kept loss and at a draw), so the
+// average lags the GPU by at most loss_every steps and the bar never waits for the device; close()
+// waits for the last copy.
 //
 // update() costs one compare of n, one add, one clock read and one compare while no draw is due.
 // Not thread-safe: update a bar from one thread.
 #include <nitro/core/error.hpp>
 #include <nitro/core/rank.hpp>
 
+#include <nitro/core/config.hpp>
+
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+
+#if NITRO_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <sys/ioctl.h>
 #include <unistd.h>
@@ -180,6 +193,7 @@ class ProgressBar {
   void close() {
     if (closed_) return;
     closed_ = true;
+    collect_loss(/*wait=*/true);
     next_draw_ = std::numeric_limits<double>::infinity();
     const double now = now_s();
     if (terminal_) {
@@ -191,7 +205,8 @@ class ProgressBar {
 
   /// Units counted so far.
   [[nodiscard]] std::int64_t count() const noexcept { return count_; }
-  /// The moving average of the losses read; nullopt before the first.
+  /// The moving average of the losses read; nullopt before the first. For a GPU loss: of those whose
+  /// copies had completed by the last update that kept a loss, draw or close().
   [[nodiscard]] std::optional<double> loss_average() const noexcept { return loss_average_; }
   /// Whether the bar draws as on a terminal.
   [[nodiscard]] bool is_terminal() const noexcept { return terminal_; }
@@ -218,12 +233,42 @@ class ProgressBar {
   [[gnu::noinline]] void read_loss(const at::Tensor& loss) {
     NITRO_CHECK(loss.numel() == 1, "ProgressBar::update: the loss must have one element, got ", loss.numel(),
                 "; pass loss.mean() or the reduced loss");
-    const double value = loss.item<double>();
+#if NITRO_WITH_CUDA
+    if (loss.is_cuda()) {
+      collect_loss(/*wait=*/false);
+      if (copy_pending_) return;  // the last copy is still in flight (rare: loss_every steps ago): skip this one
+      if (!host_loss_.defined())
+        host_loss_ = at::empty({1}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+      const c10::cuda::CUDAGuard on(loss.device());
+      host_loss_.copy_(loss.detach().reshape({1}).to(at::kDouble), /*non_blocking=*/true);
+      copied_.record(c10::cuda::getCurrentCUDAStream(loss.device().index()));
+      copy_pending_ = true;
+      return;
+    }
+#endif
+    average(loss.item<double>());
+  }
+
+  // Takes the value of the kept GPU loss once its copy has completed (or waits for it).
+  void collect_loss(bool wait) {
+#if NITRO_WITH_CUDA
+    if (!copy_pending_) return;
+    if (wait) copied_.synchronize();
+    else if (!copied_.query()) return;
+    copy_pending_ = false;
+    average(host_loss_.data_ptr<double>()[0]);
+#else
+    (void)wait;
+#endif
+  }
+
+  void average(double value) {
     const double s = options_.loss_smoothing;
     loss_average_ = loss_average_ ? s * *loss_average_ + (1 - s) * value : value;
   }
 
   [[gnu::noinline]] void draw(double now) {
+    collect_loss(/*wait=*/false);
     if (terminal_) {
       write("\r" + terminal_line(now) + "\x1b[K");
       next_draw_ = now + options_.refresh_s;
@@ -322,6 +367,11 @@ class ProgressBar {
   std::int64_t loss_calls_ = 0;
   std::optional<double> loss_average_;
   std::string postfix_;
+#if NITRO_WITH_CUDA
+  at::Tensor host_loss_;  // pinned, one double
+  at::cuda::CUDAEvent copied_;
+  bool copy_pending_ = false;
+#endif
 };
 
 }  // namespace nitro::monitor
