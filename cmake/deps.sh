@@ -92,6 +92,12 @@ if [ -z "$torch_prefix" ]; then
     "$venv/bin/python" -m pip install --disable-pip-version-check -q matplotlib >&2 ||
       say "note: pip install matplotlib failed; plot_metrics.py and its test will be skipped"
   fi
+  # tensorboard, whose event reader checks monitor::TensorBoardSink's files (and views them): optional.
+  if ! "$venv/bin/python" -c "import tensorboard" 2>/dev/null; then
+    say "installing tensorboard into $venv (to read monitor::TensorBoardSink's files)"
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q tensorboard >&2 ||
+      say "note: pip install tensorboard failed; the TensorBoard read-back test will be skipped"
+  fi
 fi
 
 # torchrun, the launcher of runs of several processes (README, "More than one process").
