@@ -87,6 +87,9 @@ struct StepResult {
   /// the snapshot is written); `stop_reason` says why, for the log.
   bool stop = false;
   std::string_view stop_reason{};
+  /// stability::Guard's counts so far (0 without one): non-finite losses, parameters or skipped
+  /// steps found, loss spikes, restores of the last good state.
+  std::int64_t nonfinite_found = 0, spikes_found = 0, restores = 0;
 };
 
 /// A training step done as device work alone (TrainingLoop::StepParts::on_device, for graph::Capture):

@@ -1,0 +1,325 @@
+#pragma once
+// nitro::stability::Guard: a TrainingLoop hook policy that watches for non-finite losses and
+// parameters and for loss spikes, and acts: restores the last good state, lowers the learning rate,
+// or stops the run with a nitro::Error that says where it went wrong.
+//
+//   using Loop = nitro::TrainingLoop<nitro::amp::Bf16, nitro::stability::Guard>;
+//   Loop loop{model, optimizer, {.hooks = {nitro::stability::Guard::Options{
+//       .on_nonfinite = nitro::stability::Action::restore_scale_lr, .check_every = 10, .backup_every = 100}}}};
+//   auto r = loop.step(batch, loss_fn);   // r.nonfinite_found, r.spikes_found, r.restores
+//   loop.hook<nitro::stability::Guard>().counts();
+//
+// No host-device synchronisation on the steps in between: each micro-batch's loss is kept (detached,
+// on the device), and every `check_every` optimizer steps one copy to the host brings those losses
+// and one flag saying whether every parameter is finite (a norm per parameter, foreach). A NaN or
+// inf gradient shows there too: the optimizer step it fed made its parameter non-finite. So a
+// problem is seen at most check_every steps late, and the actions are those that work after the
+// fact:
+//   restore            the last good state (parameters, buffers, optimizer state, RNGs: a
+//                      memory::StateBackup on the host, taken every backup_every steps at a check
+//                      that found nothing wrong) is put back; the steps since are lost
+//   restore_scale_lr   the same, then every parameter group's learning rate times lr_factor
+//   raise              a nitro::Error naming the optimizer step, the first non-finite parameter
+//                      and the last good loss (the run stops; the state is left as it is)
+//   skip               the loop itself skips a step whose gradients are non-finite (amp::Fp16, or
+//                      LoopOptions::skip_nonfinite: one flag read per step): the guard counts those
+//                      steps; a non-finite parameter or loss it still finds then raises
+//   none               count only (spikes' default)
+// Spikes: a finite loss more than spike_z standard deviations above the mean of the last
+// spike_window finite losses (once spike_min losses are in the window) is a spike, acted on by
+// on_spike; a spike does not enter the window.
+//
+// With check_every = 1 the guard reads one small tensor per optimizer step (what LoopOptions::
+// skip_nonfinite costs); the default 10 reads one every 10 (bench_monitor's guard_overhead).
+#include <nitro/core/concepts.hpp>
+#include <nitro/core/error.hpp>
+#include <nitro/core/state_dict.hpp>
+#include <nitro/memory/batch_size.hpp>
+#include <nitro/train/hooks.hpp>
+
+#include <ATen/ops/_foreach_norm.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/stack.h>
+#include <ATen/ops/tensor.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace nitro::stability {
+
+/// What the guard does about what it finds (see the top of this file).
+enum class Action { none, skip, restore, restore_scale_lr, raise };
+
+/// The guard's knobs.
+struct GuardOptions {
+  /// On a non-finite loss or parameter: skip (counts the loop's skipped steps), restore,
+  /// restore_scale_lr or raise; not none.
+  Action on_nonfinite = Action::restore;
+  /// On a loss spike: none (count), restore, restore_scale_lr or raise.
+  Action on_spike = Action::none;
+  /// Optimizer steps between two checks (one host read each), >= 1.
+  std::int64_t check_every = 10;
+  /// Optimizer steps between two host copies of the last good state, a multiple of check_every
+  /// (restore actions only).
+  std::int64_t backup_every = 100;
+  /// restore_scale_lr: the learning rate is multiplied by this, in (0, 1].
+  double lr_factor = 0.5;
+  /// Finite losses in the spike detector's window, >= 2.
+  std::int64_t spike_window = 100;
+  /// Losses needed in the window before spikes are looked for, in [2, spike_window].
+  std::int64_t spike_min = 20;
+  /// A spike is a loss more than this many standard deviations above the window's mean, > 0.
+  double spike_z = 6.0;
+};
+
+/// What the guard has seen.
+struct GuardCounts {
+  std::int64_t checks = 0;
+  /// Checks that found a non-finite loss or parameter, plus the steps the loop skipped.
+  std::int64_t nonfinite = 0;
+  std::int64_t spikes = 0;
+  std::int64_t restores = 0;
+  std::int64_t lr_scalings = 0;
+  /// Optimizer steps the loop skipped (non-finite gradients, amp::Fp16 or skip_nonfinite).
+  std::int64_t skipped = 0;
+  /// The last loss a clean check saw, and the optimizer step of that check (NaN, -1: none yet).
+  double last_good_loss = std::numeric_limits<double>::quiet_NaN();
+  std::int64_t last_good_step = -1;
+};
+
+class Guard {
+ public:
+  using family = family::Hook;
+  static constexpr std::string_view name = "stability_guard";
+  static constexpr bool enabled = true;
+  using Options = GuardOptions;
+
+  explicit Guard(const Options& options) : o_(validated(options)) {}
+
+  template <class Loop>
+  void after_forward(Loop&, const at::Tensor& loss) {
+    pending_.push_back(loss.detach());
+  }
+
+  template <class Loop>
+  void after_optimizer_step(Loop& loop, StepResult& r) {
+    if (!checked_setup_) setup(loop);
+    if (r.skipped) {
+      ++counts_.skipped;
+      ++counts_.nonfinite;
+    }
+    if (++since_check_ < o_.check_every) return;
+    since_check_ = 0;
+    check(loop);
+  }
+
+  template <class Loop>
+  void on_step_end(Loop&, StepResult& r, std::int64_t /*rows*/) {
+    r.nonfinite_found = counts_.nonfinite;
+    r.spikes_found = counts_.spikes;
+    r.restores = counts_.restores;
+  }
+
+  [[nodiscard]] const GuardCounts& counts() const noexcept { return counts_; }
+  [[nodiscard]] const Options& options() const noexcept { return o_; }
+  /// Whether a good state is kept on the host to restore.
+  [[nodiscard]] bool has_backup() const noexcept { return backup_ != nullptr; }
+
+  /// The counters and the spike window (the backup is not saved: a resumed run takes a new one at
+  /// its first clean check).
+  [[nodiscard]] StateDict state_dict() const {
+    StateDict s;
+    s.integers["checks"] = counts_.checks;
+    s.integers["nonfinite"] = counts_.nonfinite;
+    s.integers["spikes"] = counts_.spikes;
+    s.integers["restores"] = counts_.restores;
+    s.integers["lr_scalings"] = counts_.lr_scalings;
+    s.integers["skipped"] = counts_.skipped;
+    s.numbers["last_good_loss"] = counts_.last_good_loss;
+    s.integers["last_good_step"] = counts_.last_good_step;
+    s.integers["since_check"] = since_check_;
+    std::vector<double> w(window_.begin(), window_.end());
+    s.tensors["window"] = at::tensor(w, at::kDouble);
+    return s;
+  }
+  void load_state_dict(const StateDict& s) {
+    GuardCounts c;
+    c.checks = s.integer("checks", name);
+    c.nonfinite = s.integer("nonfinite", name);
+    c.spikes = s.integer("spikes", name);
+    c.restores = s.integer("restores", name);
+    c.lr_scalings = s.integer("lr_scalings", name);
+    c.skipped = s.integer("skipped", name);
+    c.last_good_loss = s.number("last_good_loss", name);
+    c.last_good_step = s.integer("last_good_step", name);
+    const auto since = s.integer("since_check", name);
+    NITRO_CHECK(since >= 0 && since < o_.check_every, "stability::Guard::load_state_dict: since_check is ", since,
+                ", outside [0, check_every = ", o_.check_every, "); load a state saved with the same check_every");
+    const auto w = s.tensor("window", name).to(at::kDouble).contiguous();
+    NITRO_CHECK(w.dim() == 1 && w.numel() <= o_.spike_window, "stability::Guard::load_state_dict: the spike window "
+                "holds ", w.numel(), " losses, more than spike_window = ", o_.spike_window,
+                "; load a state saved with the same options");
+    counts_ = c;
+    since_check_ = since;
+    window_.assign(w.data_ptr<double>(), w.data_ptr<double>() + w.numel());
+    pending_.clear();
+  }
+
+ private:
+  static Options validated(const Options& o) {
+    NITRO_CHECK(o.on_nonfinite != Action::none, "stability::Guard: on_nonfinite is none; choose skip, restore, "
+                "restore_scale_lr or raise (a guard that ignores NaNs guards nothing)");
+    NITRO_CHECK(o.on_spike != Action::skip, "stability::Guard: on_spike cannot be skip (a spike is seen after its step "
+                "was taken); choose none, restore, restore_scale_lr or raise");
+    NITRO_CHECK(o.check_every >= 1, "stability::Guard: check_every must be >= 1, got ", o.check_every);
+    NITRO_CHECK(o.backup_every >= o.check_every && o.backup_every % o.check_every == 0,
+                "stability::Guard: backup_every (", o.backup_every, ") must be a multiple of check_every (",
+                o.check_every, "): backups are taken at checks");
+    NITRO_CHECK(o.lr_factor > 0 && o.lr_factor <= 1, "stability::Guard: lr_factor must be in (0, 1], got ", o.lr_factor);
+    NITRO_CHECK(o.spike_window >= 2, "stability::Guard: spike_window must be >= 2, got ", o.spike_window);
+    NITRO_CHECK(o.spike_min >= 2 && o.spike_min <= o.spike_window, "stability::Guard: spike_min must be in [2, ",
+                "spike_window = ", o.spike_window, "], got ", o.spike_min);
+    NITRO_CHECK(o.spike_z > 0 && std::isfinite(o.spike_z), "stability::Guard: spike_z must be > 0, got ", o.spike_z);
+    return o;
+  }
+
+  static bool restores(Action a) { return a == Action::restore || a == Action::restore_scale_lr; }
+
+  template <class Loop>
+  void setup(Loop& loop) {
+    checked_setup_ = true;
+    if (o_.on_nonfinite == Action::skip) {
+      NITRO_CHECK(Loop::amp_policy::scales_loss || loop.options().skip_nonfinite,
+                  "stability::Guard: on_nonfinite = skip needs a loop that skips non-finite steps: amp::Fp16, or "
+                  "{.skip_nonfinite = true} in the loop's options (one flag read per step); or choose restore");
+    }
+  }
+
+  template <class Loop>
+  void check(Loop& loop) {
+    ++counts_.checks;
+    const std::int64_t step = loop.optimizer_steps();
+    // One copy to the host: the losses kept since the last check, then 1 if every parameter is finite.
+    std::vector<at::Tensor> params;
+    for (const auto& p : loop.model().parameters())
+      if (p.defined() && p.numel() > 0) params.push_back(p.detach());
+    std::vector<at::Tensor> parts;
+    if (!pending_.empty()) parts.push_back(at::stack(pending_).reshape({-1}).to(at::kDouble));
+    const c10::Device device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
+    at::Tensor finite = at::ones({1}, at::TensorOptions().dtype(at::kDouble).device(device));
+    if (!params.empty()) {
+      // Norms per device would need one flag each; the parameters of one loop share a device.
+      const auto norms = at::_foreach_norm(params);
+      finite = at::stack(norms).isfinite().all().reshape({1}).to(at::kDouble);
+    }
+    for (auto& part : parts) part = part.to(device);
+    parts.push_back(finite);
+    const auto host = at::cat(parts).cpu();
+    pending_.clear();
+    const auto* v = host.data_ptr<double>();
+    const auto n_losses = host.numel() - 1;
+    const bool params_finite = v[n_losses] > 0.5;
+    bool loss_finite = true, spike = false;
+    double last = std::numeric_limits<double>::quiet_NaN();
+    for (std::int64_t i = 0; i < n_losses; ++i) {
+      const double x = v[i];
+      if (!std::isfinite(x)) {
+        loss_finite = false;
+        continue;
+      }
+      if (is_spike(x)) {
+        spike = true;
+        continue;
+      }
+      window_.push_back(x);
+      if (static_cast<std::int64_t>(window_.size()) > o_.spike_window) window_.pop_front();
+      last = x;
+    }
+    if (!params_finite || !loss_finite) {
+      ++counts_.nonfinite;
+      if (o_.on_nonfinite == Action::skip && !params_finite)
+        raise(loop, step, "a parameter is not finite although the loop skips non-finite steps");
+      if (o_.on_nonfinite != Action::skip)
+        act(loop, o_.on_nonfinite, step, !loss_finite ? "a non-finite loss" : "a non-finite parameter");
+      return;
+    }
+    if (spike) {
+      ++counts_.spikes;
+      act(loop, o_.on_spike, step, "a loss spike");
+      return;
+    }
+    if (!std::isnan(last)) {
+      counts_.last_good_loss = last;
+      counts_.last_good_step = step;
+    }
+    if ((restores(o_.on_nonfinite) || restores(o_.on_spike)) && (backup_ == nullptr || step - backup_step_ >= o_.backup_every)) {
+      backup_ = std::make_unique<memory::StateBackup>(&loop.model(), &loop.optimizer());
+      backup_step_ = step;
+    }
+  }
+
+  bool is_spike(double x) const {
+    const auto n = static_cast<std::int64_t>(window_.size());
+    if (n < o_.spike_min) return false;
+    double mean = 0;
+    for (double w : window_) mean += w;
+    mean /= static_cast<double>(n);
+    double var = 0;
+    for (double w : window_) var += (w - mean) * (w - mean);
+    const double sd = std::sqrt(var / static_cast<double>(n - 1));
+    return x > mean + o_.spike_z * std::max(sd, 1e-12 * std::abs(mean));
+  }
+
+  template <class Loop>
+  void act(Loop& loop, Action a, std::int64_t step, const char* what) {
+    if (a == Action::none) return;
+    if (a == Action::raise) raise(loop, step, what);
+    if (backup_ == nullptr)
+      raise(loop, step, (std::string(what) + " before any good state was kept to restore (the first clean check "
+                         "keeps one)").c_str());
+    backup_->restore();
+    ++counts_.restores;
+    if (a == Action::restore_scale_lr) {
+      for (auto& group : loop.optimizer().param_groups()) group.options().set_lr(group.options().get_lr() * o_.lr_factor);
+      ++counts_.lr_scalings;
+    }
+  }
+
+  template <class Loop>
+  [[noreturn]] void raise(Loop& loop, std::int64_t step, const char* what) {
+    std::string first = "none (the parameters are finite)";
+    for (const auto& item : loop.model().named_parameters()) {
+      const auto& p = item.value();
+      if (p.defined() && p.numel() > 0 && !p.detach().isfinite().all().template item<bool>()) {
+        first = "'" + item.key() + "'";
+        break;
+      }
+    }
+    ::nitro::detail::fail("stability::Guard: ", what, " at optimizer step ", step, " (checked every ", o_.check_every,
+                          " steps); first non-finite parameter: ", first, "; last good loss ", counts_.last_good_loss,
+                          " at step ", counts_.last_good_step,
+                          "; lower the learning rate, clip gradients (clip::Norm), or use bf16 rather than fp16");
+  }
+
+  Options o_;
+  GuardCounts counts_;
+  std::vector<at::Tensor> pending_;  // the losses since the last check, on the device
+  std::deque<double> window_;
+  std::int64_t since_check_ = 0;
+  std::unique_ptr<memory::StateBackup> backup_;
+  std::int64_t backup_step_ = -1;
+  bool checked_setup_ = false;
+};
+
+}  // namespace nitro::stability
