@@ -24,6 +24,7 @@
 #include <nitro/core/compat.hpp>  // NITRO_TORCH_VERSION, NITRO_WITH_CUDA
 #include <nitro/core/device.hpp>
 #include <nitro/core/error.hpp>
+#include <nitro/memory/nvml.hpp>
 #include <nitro/memory/tracking_allocator.hpp>
 
 #include <algorithm>
@@ -86,6 +87,8 @@ struct MemorySnapshot {
   CpuMemory cpu;
   /// Set when LibTorch was built with CUDA and a GPU is present.
   std::optional<CudaMemory> cuda;
+  /// That GPU's utilisation, power and temperature from NVML (memory/nvml.hpp); empty without NVML.
+  std::optional<GpuActivity> gpu_activity;
 };
 
 namespace detail {
@@ -258,7 +261,9 @@ inline bool reset_cpu_peak() noexcept {
 /// CPU figures, and those of CUDA device `cuda_device` (default: the current one) where a GPU is present.
 /// auto s = nitro::memory::snapshot();
 [[nodiscard]] inline MemorySnapshot snapshot(std::optional<int> cuda_device = std::nullopt) {
-  return {cpu_memory(), cuda_memory(cuda_device.value_or(-1))};
+  MemorySnapshot s{cpu_memory(), cuda_memory(cuda_device.value_or(-1)), std::nullopt};
+  if (s.cuda) s.gpu_activity = gpu_activity(s.cuda->device);
+  return s;
 }
 
 /// Restarts the peaks from what is in use now: CUDA's peak allocated and reserved bytes of CUDA device
@@ -269,6 +274,23 @@ inline void reset_peaks([[maybe_unused]] std::optional<int> cuda_device = std::n
   if (Cuda::available()) c10::cuda::CUDACachingAllocator::resetPeakStats(detail::cuda_index(cuda_device.value_or(-1)));
 #endif
   (void)detail::reset_cpu_peak();
+}
+
+/// "gpu busy 87%, memory busy 41%, 251.5 W of 700 W, 64 C" (what NVML said).
+[[nodiscard]] inline std::string to_string(const GpuActivity& a) {
+  char text[160];
+  std::string out = "gpu busy " + (a.gpu_percent >= 0 ? std::to_string(a.gpu_percent) + "%" : std::string("?")) +
+                    ", memory busy " + (a.memory_percent >= 0 ? std::to_string(a.memory_percent) + "%" : std::string("?"));
+  if (a.power_w >= 0) {
+    std::snprintf(text, sizeof text, ", %.1f W", a.power_w);
+    out += text;
+    if (a.power_limit_w >= 0) {
+      std::snprintf(text, sizeof text, " of %.0f W", a.power_limit_w);
+      out += text;
+    }
+  }
+  if (a.temperature_c >= 0) out += ", " + std::to_string(a.temperature_c) + " C";
+  return out;
 }
 
 /// One line: "cpu: rss 1.20 GiB (peak 1.31 GiB), available 20.5 GiB of 23.5 GiB | cuda:0: allocated
@@ -287,6 +309,7 @@ inline void reset_peaks([[maybe_unused]] std::optional<int> cuda_device = std::n
            format_bytes(g.total_bytes);
     if (g.num_ooms > 0) out += ", " + std::to_string(g.num_ooms) + " OOMs";
   }
+  if (s.gpu_activity) out += " | " + to_string(*s.gpu_activity);
   return out;
 }
 

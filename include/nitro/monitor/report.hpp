@@ -178,6 +178,7 @@ inline std::string format(const Summary& s) {
     out += line;
   }
   out += "\n";
+  if (s.memory.gpu_activity) out += memory::to_string(*s.memory.gpu_activity) + " (NVML, at the summary)\n";
   if (s.pipeline) out += "data pipeline:\n" + s.pipeline->format();
   return out;
 }
