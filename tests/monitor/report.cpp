@@ -87,3 +87,92 @@ TEST_CASE("the summary table shows every phase with its share") {
   const auto lines = nitro::monitor::format(nitro::monitor::bottlenecks(made(50, 20, 20, 10)));
   CHECK(lines.rfind("  - data-bound", 0) == 0);
 }
+
+#include <nitro/memory/tracking_allocator.hpp>
+#include <nitro/memory/watch.hpp>
+#include <nitro/optim/fused.hpp>
+#include <nitro/train/levels.hpp>
+#include <nitro/train/stability.hpp>
+
+TEST_CASE("summarize(loop): the advice leaves out what the loop already does, and the hooks' lines are printed") {
+  const auto x = torch::randn({8, 3, 8, 8});
+  const auto run = [&](auto& loop, auto& model) {
+    for (int i = 0; i < 12; ++i) loop.step(x, [&](const at::Tensor& in) { return model->forward(in).mean(); });
+  };
+  {
+    torch::nn::Sequential model(torch::nn::Conv2d(3, 4, 3), torch::nn::Flatten());
+    torch::optim::SGD optimizer(model->parameters(), 0.01);
+    nitro::level::with<nitro::level::Basic, nitro::monitor::Phases, nitro::stability::Guard> loop{
+        model, optimizer, {.monitor = {.warmup_steps = 1}}};
+    run(loop, model);
+    const auto s = nitro::monitor::summarize(loop);
+    REQUIRE(s.loop.has_value());
+    CHECK_FALSE(s.loop->mixed_precision);
+    CHECK_FALSE(s.loop->fused_optimizer);
+    CHECK(s.loop->conv);
+    REQUIRE(s.notes.size() == 1);
+    CHECK(s.notes[0] == "stability guard: 1 checks (every 10 steps), 0 non-finite, 0 spikes, 0 restores");
+    CHECK(nitro::monitor::format(s).find("stability guard: 1 checks") != std::string::npos);
+    const auto advice = nitro::monitor::compute_advice(s);
+    CHECK(advice.find("bf16 mixed precision") != std::string::npos);
+    CHECK(advice.find("a fused optimizer") != std::string::npos);
+    CHECK(advice.find("larger batch") != std::string::npos);
+  }
+  {
+    torch::nn::Sequential model(torch::nn::Conv2d(3, 4, 3), torch::nn::Flatten());
+    nitro::optim::FusedSGD optimizer(model->parameters(), 0.01);
+    nitro::level::with<nitro::level::Advanced, nitro::monitor::Phases> loop{model, optimizer,
+                                                                          {.monitor = {.warmup_steps = 1}}};
+    run(loop, model);
+    const auto s = nitro::monitor::summarize(loop);
+    CHECK(s.loop->mixed_precision);
+    CHECK(s.loop->fused_optimizer);
+    CHECK(s.notes.empty());
+    const auto advice = nitro::monitor::compute_advice(s);
+    CHECK(advice.find("mixed precision") == std::string::npos);  // it is bf16 already
+    CHECK(advice.find("fused optimizer") == std::string::npos);
+    CHECK(advice.find("larger batch") != std::string::npos);
+  }
+}
+
+TEST_CASE("memory::Watch: past its threshold (the tracking allocator's live bytes) it cleans up, and the report says so") {
+  nitro::memory::ScopedCpuTracking track;
+  std::vector<at::Tensor> cache;  // grows by 1 MiB a step until the watch's cleanup drops it
+  torch::nn::Linear model(4, 1);
+  torch::optim::SGD optimizer(model->parameters(), 0.01);
+  const auto x = torch::randn({8, 4});
+  const std::int64_t base = track.stats().live_bytes;
+  using Loop = nitro::level::with<nitro::level::Basic, nitro::monitor::Phases, nitro::memory::Watch>;
+  Loop loop{model, optimizer,
+            {.monitor = {.warmup_steps = 0},
+             .hooks = {nitro::memory::Watch::Options{
+                 .rss_bytes = base + (5ll << 19),  // 2.5 MiB above the start
+                 .check_every = 1,
+                 .cleanup = [&] { cache.clear(); },
+                 .cpu_bytes = [&] { return track.stats().live_bytes; }}}}};
+  std::vector<std::size_t> sizes;
+  for (int i = 0; i < 7; ++i) {
+    cache.push_back(torch::zeros({1 << 18}));  // 1 MiB
+    loop.step(x, [&](const at::Tensor& in) { return model->forward(in).mean(); });
+    sizes.push_back(cache.size());
+  }
+  // Over 2.5 MiB at the third MiB: dropped at steps 3 and 6.
+  CHECK(sizes == std::vector<std::size_t>{1, 2, 0, 1, 2, 0, 1});
+  const auto& c = loop.hook<nitro::memory::Watch>().counts();
+  CHECK(c.checks == 7);
+  CHECK(c.cpu_cleanups == 2);
+  CHECK(c.cleanup_calls == 2);
+  CHECK(c.cuda_cache_emptied == 0);
+  CHECK(c.last_cpu_bytes > base + (5ll << 19));
+  const auto s = nitro::monitor::summarize(loop);
+  REQUIRE(s.notes.size() == 1);
+  CHECK(s.notes[0].find("memory watch: 7 checks, CPU over its threshold 2 times") == 0);
+  CHECK(s.notes[0].find("cleanup called 2 times") != std::string::npos);
+
+  CHECK_THROWS_WITH_AS(nitro::memory::Watch({}, c10::Device(c10::kCPU)), doctest::Contains("no threshold is set"),
+                       nitro::Error);
+  CHECK_THROWS_WITH_AS(nitro::memory::Watch({.cuda_reserved_fraction = 1.5}, c10::Device(c10::kCPU)),
+                       doctest::Contains("cuda_reserved_fraction must be in (0, 1]"), nitro::Error);
+  CHECK_THROWS_WITH_AS(nitro::memory::Watch({.rss_bytes = 1, .check_every = 0}, c10::Device(c10::kCPU)),
+                       doctest::Contains("check_every must be >= 1"), nitro::Error);
+}

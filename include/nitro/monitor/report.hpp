@@ -16,8 +16,11 @@
 //                   fewer small operations (fused optimizers, torch.compile in Python).
 //   optimizer-heavy the optimizer takes more than 40% of the compute: a foreach/fused optimizer,
 //                   stepping less often with accumulation.
-//   compute-bound   none of the above: the model's own arithmetic sets the pace; mixed precision
-//                   (level::Advanced) is the next lever.
+//   compute-bound   none of the above: the model's own arithmetic sets the pace; with
+//                   summarize(loop) the advice names only what the loop does not do yet (bf16, a
+//                   fused optimizer, channels-last, CUDA graphs) and a larger batch.
+//
+// summarize(loop) also prints a line from each hook that reports (stability::Guard, memory::Watch).
 #include <nitro/data/stage_stats.hpp>
 #include <nitro/monitor/phases.hpp>
 
@@ -28,7 +31,9 @@
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <concepts>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace nitro::monitor {
@@ -68,6 +73,17 @@ struct Summary {
   memory::MemorySnapshot memory{};
   /// A data::Pipeline's stages, when summarize() was given its stats.
   std::optional<data::PipelineStats> pipeline{};
+  /// What the loop already does (summarize(loop)), so that the advice names only what it does not.
+  struct LoopFacts {
+    bool mixed_precision = false;  // amp::Bf16 or Fp16
+    bool fused_optimizer = false;  // optim::FusedAdam / FusedAdamW / FusedSGD
+    bool graphs = false;           // a hook that runs whole steps (graph::Capture)
+    bool conv = false;             // the model has 4-dimensional parameters
+    bool channels_last = false;    // ... and they are in channels-last layout
+  };
+  std::optional<LoopFacts> loop{};
+  /// Lines from the loop's hooks that report (stability::Guard, memory::Watch), by summarize(loop).
+  std::vector<std::string> notes{};
 
   const PhaseSummary& operator[](Phase p) const noexcept { return phases[static_cast<std::size_t>(p)]; }
 };
@@ -149,6 +165,37 @@ inline Summary summarize(Recorder& recorder, data::PipelineStats pipeline) {
   return s;
 }
 
+/// The summary of a TrainingLoop with a monitor policy: its recorder's figures, what the loop already
+/// does (for the advice), and a line from each hook that reports (stability::Guard, memory::Watch).
+///   auto s = nitro::monitor::summarize(loop);                    // or summarize(loop, pipeline.stats())
+template <class Loop>
+  requires requires(Loop& l) {
+    l.monitor();
+    l.model();
+    l.fused_optimizer();
+  }
+Summary summarize(Loop& loop, std::optional<data::PipelineStats> pipeline = std::nullopt) {
+  Summary s = summarize(loop.monitor());
+  s.pipeline = std::move(pipeline);
+  Summary::LoopFacts f;
+  f.mixed_precision = Loop::amp_policy::enabled;
+  f.fused_optimizer = loop.fused_optimizer();
+  bool all_channels_last = true;
+  for (const auto& p : loop.model().parameters()) {
+    if (p.dim() != 4) continue;
+    f.conv = true;
+    all_channels_last = all_channels_last && p.is_contiguous(c10::MemoryFormat::ChannelsLast) && !p.is_contiguous();
+  }
+  f.channels_last = f.conv && all_channels_last;
+  loop.for_each_hook([&](auto& h) {
+    using H = std::remove_cvref_t<decltype(h)>;
+    if constexpr (requires { H::runs_steps; }) f.graphs = f.graphs || static_cast<bool>(H::runs_steps);
+    if constexpr (requires { { h.report() } -> std::convertible_to<std::string>; }) s.notes.push_back(h.report());
+  });
+  s.loop = f;
+  return s;
+}
+
 /// A table of the summary, for a terminal or a log.
 inline std::string format(const Summary& s) {
   std::string out;
@@ -179,6 +226,7 @@ inline std::string format(const Summary& s) {
   }
   out += "\n";
   if (s.memory.gpu_activity) out += memory::to_string(*s.memory.gpu_activity) + " (NVML, at the summary)\n";
+  for (const auto& note : s.notes) out += note + "\n";
   if (s.pipeline) out += "data pipeline:\n" + s.pipeline->format();
   return out;
 }
@@ -209,6 +257,26 @@ struct AdviceOptions {
   /// Optimizer-heavy when the optimizer takes more than this share of forward + backward + optimizer.
   double optimizer_share = 0.40;
 };
+
+/// What a compute-bound run can try, leaving out what the loop already does (when summarize(loop) said).
+inline std::string compute_advice(const Summary& s) {
+  std::string out = "the model's arithmetic sets the pace; ";
+  if (!s.loop) {
+    return out + "mixed precision (level::Advanced) on a GPU with bf16, or a larger batch if memory allows";
+  }
+  const auto& f = *s.loop;
+  const bool gpu = s.device == c10::DeviceType::CUDA;
+  std::vector<std::string> tries;
+  if (!f.mixed_precision) tries.push_back(gpu ? "bf16 mixed precision (level::Advanced)"
+                                              : "bf16 mixed precision (level::Advanced) if this CPU has bf16 units (AVX-512 BF16, AMX)");
+  if (!f.fused_optimizer) tries.push_back("a fused optimizer (optim::FusedAdamW, FusedAdam, FusedSGD)");
+  if (gpu && f.conv && !f.channels_last) tries.push_back("channels-last (to_channels_last(model), channels_last batches)");
+  if (gpu && !f.graphs && s.step.mean_ms < 50) tries.push_back("CUDA graphs (level::Max)");
+  tries.push_back("a larger batch if memory allows (memory::find_max_batch_size)");
+  out += "try ";
+  for (std::size_t i = 0; i < tries.size(); ++i) out += (i == 0 ? "" : i + 1 == tries.size() ? ", or " : ", ") + tries[i];
+  return out;
+}
 
 /// Plain advice from the figures, most pressing first; one `compute` entry when nothing stands out.
 inline std::vector<Advice> bottlenecks(const Summary& s, const AdviceOptions& o = {}) {
@@ -269,9 +337,7 @@ inline std::vector<Advice> bottlenecks(const Summary& s, const AdviceOptions& o 
     std::snprintf(buf, sizeof buf, "compute-bound: forward %.0f%%, backward %.0f%%, optimizer %.0f%%, data %.0f%% of a step",
                   100.0 * s[Phase::forward].share, 100.0 * s[Phase::backward].share, 100.0 * s[Phase::optimizer].share,
                   100.0 * data.share);
-    out.push_back({Bottleneck::compute, buf,
-                   "the model's arithmetic sets the pace: mixed precision (level::Advanced) on a GPU with bf16, "
-                   "or a larger batch if memory allows"});
+    out.push_back({Bottleneck::compute, buf, compute_advice(s)});
   }
   return out;
 }

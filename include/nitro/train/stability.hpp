@@ -132,6 +132,16 @@ class Guard {
   }
 
   [[nodiscard]] const GuardCounts& counts() const noexcept { return counts_; }
+  /// A line for the monitor's report.
+  [[nodiscard]] std::string report() const {
+    std::string out = "stability guard: " + std::to_string(counts_.checks) + " checks (every " +
+                      std::to_string(o_.check_every) + " steps), " + std::to_string(counts_.nonfinite) +
+                      " non-finite, " + std::to_string(counts_.spikes) + " spikes, " +
+                      std::to_string(counts_.restores) + " restores";
+    if (counts_.lr_scalings > 0) out += ", learning rate scaled " + std::to_string(counts_.lr_scalings) + " times";
+    if (counts_.skipped > 0) out += ", " + std::to_string(counts_.skipped) + " steps skipped by the loop";
+    return out;
+  }
   [[nodiscard]] const Options& options() const noexcept { return o_; }
   /// Whether a good state is kept on the host to restore.
   [[nodiscard]] bool has_backup() const noexcept { return backup_ != nullptr; }

@@ -505,6 +505,15 @@ class TrainingLoop {
     return scaler_;
   }
 
+  /// Calls f on each hook object, in the loop's order (the monitor's and the clip policy's adapters
+  /// included): `loop.for_each_hook([](auto& h) { if constexpr (requires { h.report(); }) ...; })`.
+  template <class F>
+  void for_each_hook(F&& f) {
+    each_hook(f);
+  }
+  /// The optimizer is one of optim/fused.hpp's (one fused kernel per group).
+  bool fused_optimizer() const noexcept { return fused_ != nullptr; }
+
   std::int64_t accumulation_steps() const noexcept { return window_; }
   /// Micro-batches since the last optimizer step.
   std::int64_t pending_micro_batches() const noexcept { return micro_; }

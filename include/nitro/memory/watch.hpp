@@ -1,0 +1,149 @@
+#pragma once
+// nitro::memory::Watch: a TrainingLoop hook policy that looks at memory every few optimizer steps and
+// cleans up when it passes a threshold: the CUDA caching allocator's cache is emptied when the
+// reserved bytes pass theirs, freed heap memory goes back to the system (malloc_trim) when the
+// process's resident set passes its own, and a cleanup of yours (drop a cache, shrink a pool) runs
+// either way. What it did is counted, and the monitor's report (monitor::summarize(loop)) prints it.
+//
+//   using Loop = nitro::level::with<nitro::level::Advanced, nitro::memory::Watch>;
+//   Loop loop{model, optimizer, {.hooks = {nitro::memory::Watch::Options{
+//       .cuda_reserved_fraction = 0.9, .rss_bytes = 48ll << 30, .cleanup = [&] { cache.clear(); }}}}};
+//
+// A check reads the allocator's counters and /proc/self/status (tens of microseconds), never the
+// device: no synchronisation. Emptying the CUDA cache does synchronise (cudaFree), which is why it
+// happens only past the threshold. `cpu_bytes` replaces the resident set as the CPU figure (tests
+// use the tracking allocator's live bytes, memory/tracking_allocator.hpp).
+#include <nitro/core/concepts.hpp>
+#include <nitro/core/config.hpp>
+#include <nitro/core/error.hpp>
+#include <nitro/memory/monitor.hpp>
+#include <nitro/train/hooks.hpp>
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#if NITRO_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+namespace nitro::memory {
+
+/// The watch's thresholds (0: not watched) and what to do.
+struct WatchOptions {
+  /// CUDA bytes reserved by the caching allocator (of the loop's device) above which its cache is emptied.
+  std::int64_t cuda_reserved_bytes = 0;
+  /// The same as a share of the device's memory, in (0, 1]; the lower of the two applies.
+  double cuda_reserved_fraction = 0;
+  /// Process resident bytes (or cpu_bytes()) above which freed heap memory is returned (malloc_trim).
+  std::int64_t rss_bytes = 0;
+  /// Optimizer steps between checks, >= 1.
+  std::int64_t check_every = 10;
+  /// Called after the watch's own clean-up whenever a threshold is passed (e.g. a cache's clear()).
+  std::function<void()> cleanup{};
+  /// The CPU figure to compare with rss_bytes; empty: the process's resident set.
+  std::function<std::int64_t()> cpu_bytes{};
+};
+
+/// What the watch did.
+struct WatchCounts {
+  std::int64_t checks = 0;
+  /// Times the CUDA cache was emptied, and the reserved bytes that made it (the last time).
+  std::int64_t cuda_cache_emptied = 0;
+  std::int64_t last_cuda_reserved_bytes = -1;
+  /// Times the CPU figure passed rss_bytes, and its value then (the last time).
+  std::int64_t cpu_cleanups = 0;
+  std::int64_t last_cpu_bytes = -1;
+  /// The user's cleanup calls.
+  std::int64_t cleanup_calls = 0;
+};
+
+class Watch {
+ public:
+  using family = family::Hook;
+  static constexpr std::string_view name = "memory_watch";
+  static constexpr bool enabled = true;
+  using Options = WatchOptions;
+
+  Watch(const Options& options, const c10::Device& device) : o_(options), device_(device) {
+    NITRO_CHECK(o_.cuda_reserved_bytes >= 0 && o_.rss_bytes >= 0,
+                "memory::Watch: thresholds must be >= 0 bytes (0: not watched), got cuda_reserved_bytes ",
+                o_.cuda_reserved_bytes, " and rss_bytes ", o_.rss_bytes);
+    NITRO_CHECK(o_.cuda_reserved_fraction == 0 || (o_.cuda_reserved_fraction > 0 && o_.cuda_reserved_fraction <= 1),
+                "memory::Watch: cuda_reserved_fraction must be in (0, 1] (0: not used), got ", o_.cuda_reserved_fraction);
+    NITRO_CHECK(o_.check_every >= 1, "memory::Watch: check_every must be >= 1, got ", o_.check_every);
+    NITRO_CHECK(o_.cuda_reserved_bytes > 0 || o_.cuda_reserved_fraction > 0 || o_.rss_bytes > 0,
+                "memory::Watch: no threshold is set; give cuda_reserved_bytes, cuda_reserved_fraction or rss_bytes");
+  }
+
+  template <class Loop>
+  void after_optimizer_step(Loop&, StepResult&) {
+    if (++since_ < o_.check_every) return;
+    since_ = 0;
+    check();
+  }
+
+  /// Checks now (the hook calls it every check_every optimizer steps).
+  void check() {
+    ++counts_.checks;
+    bool passed = false;
+    if (device_.is_cuda() && (o_.cuda_reserved_bytes > 0 || o_.cuda_reserved_fraction > 0)) {
+      if (const auto m = cuda_memory(device_.index())) {
+        std::int64_t limit = o_.cuda_reserved_bytes > 0 ? o_.cuda_reserved_bytes : INT64_MAX;
+        if (o_.cuda_reserved_fraction > 0 && m->total_bytes > 0)
+          limit = std::min(limit, static_cast<std::int64_t>(o_.cuda_reserved_fraction * static_cast<double>(m->total_bytes)));
+        if (m->reserved_bytes > limit) {
+#if NITRO_WITH_CUDA
+          c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+          ++counts_.cuda_cache_emptied;
+          counts_.last_cuda_reserved_bytes = m->reserved_bytes;
+          passed = true;
+        }
+      }
+    }
+    if (o_.rss_bytes > 0) {
+      const std::int64_t now = o_.cpu_bytes ? o_.cpu_bytes() : resident_bytes();
+      if (now > o_.rss_bytes) {
+        ::malloc_trim(0);
+        ++counts_.cpu_cleanups;
+        counts_.last_cpu_bytes = now;
+        passed = true;
+      }
+    }
+    if (passed && o_.cleanup) {
+      ++counts_.cleanup_calls;
+      o_.cleanup();
+    }
+  }
+
+  [[nodiscard]] const WatchCounts& counts() const noexcept { return counts_; }
+
+  /// A line for the monitor's report.
+  [[nodiscard]] std::string report() const {
+    std::string out = "memory watch: " + std::to_string(counts_.checks) + " checks";
+    if (counts_.cuda_cache_emptied > 0)
+      out += ", CUDA cache emptied " + std::to_string(counts_.cuda_cache_emptied) + " times (last at " +
+             detail::format_bytes(counts_.last_cuda_reserved_bytes) + " reserved)";
+    if (counts_.cpu_cleanups > 0)
+      out += ", CPU over its threshold " + std::to_string(counts_.cpu_cleanups) + " times (last at " +
+             detail::format_bytes(counts_.last_cpu_bytes) + "), heap trimmed";
+    if (counts_.cleanup_calls > 0) out += ", cleanup called " + std::to_string(counts_.cleanup_calls) + " times";
+    if (counts_.cuda_cache_emptied == 0 && counts_.cpu_cleanups == 0) out += ", no threshold passed";
+    return out;
+  }
+
+ private:
+  Options o_;
+  c10::Device device_;
+  WatchCounts counts_;
+  std::int64_t since_ = 0;
+};
+
+}  // namespace nitro::memory
