@@ -40,6 +40,10 @@ demo:
 	cmake --build --preset release -j $(JOBS) --target levels
 	build-release/examples/levels --metrics build-release/demo-metrics
 	@$(MAKE) --no-print-directory plot || echo "make demo: no plot drawn (see above); the metrics files are written"
+	@py=$$(sed -n 's/^set(NITRO_PYTHON "\(.*\)" CACHE.*/\1/p' $(DEPS) 2>/dev/null); \
+	  tb=$$(dirname "$${py:-python3}")/tensorboard; [ -x "$$tb" ] || tb=tensorboard; \
+	  echo "make demo: view the runs with:  $$tb --logdir build-release/demo-metrics/tensorboard"; \
+	  echo "make demo: the trace: build-release/demo-metrics/basic.trace.json (https://ui.perfetto.dev, Open trace file)"
 
 # Draws the metrics of the last `make demo` (bench/plot_metrics.py, with the python cmake/deps.sh found).
 plot:

@@ -2,9 +2,12 @@
 // plain LibTorch loop and with each optimization level, in one table: samples/s, peak memory,
 // final training loss, test accuracy. Each level runs with monitor::Phases and a progress bar, prints
 // its phase report and bottleneck advice, and writes its metrics (every 10 steps) to
-// <metrics>/<level>.jsonl and .csv, which bench/plot_metrics.py draws.
+// <metrics>/<level>.jsonl and .csv, which bench/plot_metrics.py draws, and to TensorBoard event files
+// in <metrics>/tensorboard/<level>/; level::Basic's optimizer steps 20-22 are traced with LibTorch's
+// profiler into <metrics>/basic.trace.json (open it at https://ui.perfetto.dev).
 //
 //   build/examples/levels [--epochs 2] [--samples 8192] [--batch 64] [--metrics DIR]
+#include <nitro/monitor/trace.hpp>
 #include <nitro/nitro.hpp>
 
 #include <torch/torch.h>
@@ -90,10 +93,12 @@ Row train(const std::string& name, torch::nn::Sequential& model, const Args& arg
 
 // A level, with monitor::Phases added, a progress bar and metric files; SGD with momentum, LibTorch's
 // (torch::optim::SGD) or Nitro's fused one (nitro::optim::FusedSGD: the same steps, one kernel).
-template <class Level, class Optimizer = torch::optim::SGD>
+// Traced: monitor::Trace records optimizer steps 20-22 into <metrics>/<file>.trace.json.
+template <class Level, class Optimizer = torch::optim::SGD, bool Traced = false>
 Row train_level(const std::string& name, const std::string& file, const Args& args, std::int64_t micro_batch,
                 typename Level::Options level_options) {
-  using Loop = nitro::level::with<Level, nitro::monitor::Phases>;
+  using Loop = std::conditional_t<Traced, nitro::level::with<Level, nitro::monitor::Phases, nitro::monitor::Trace>,
+                                  nitro::level::with<Level, nitro::monitor::Phases>>;
   const bool gpu = nitro::Cuda::available();
   auto model = cnn();
   model->to(gpu ? nitro::Cuda::device() : nitro::Cpu::device());
@@ -104,13 +109,23 @@ Row train_level(const std::string& name, const std::string& file, const Args& ar
   options.accumulate = level_options.accumulate;
   options.checkpoint = level_options.checkpoint;
   options.clip = level_options.clip;
+  if constexpr (Traced) {
+    static_assert(std::tuple_size_v<decltype(level_options.hooks)> == 0, "levels demo: trace a level without hooks");
+    options.hooks = {nitro::monitor::Trace::Options{
+        .path = std::filesystem::path(args.metrics) / (file + ".trace.json"), .start = 20, .steps = 3}};
+  } else {
+    options.hooks = level_options.hooks;
+  }
+  std::filesystem::create_directories(args.metrics);
   Loop loop{model, optimizer, options};
 
   const std::int64_t steps = args.epochs * ((args.samples + micro_batch - 1) / micro_batch);
   nitro::monitor::ProgressBar bar{{.total = steps, .desc = name, .loss_every = 10}};
-  std::filesystem::create_directories(args.metrics);
+  const auto tensorboard = std::filesystem::path(args.metrics) / "tensorboard" / file;
+  std::filesystem::remove_all(tensorboard);  // one run per level: the last demo's
   nitro::monitor::Sinks sinks{nitro::monitor::JsonLinesSink{std::filesystem::path(args.metrics) / (file + ".jsonl")},
-                              nitro::monitor::CsvSink{std::filesystem::path(args.metrics) / (file + ".csv")}};
+                              nitro::monitor::CsvSink{std::filesystem::path(args.metrics) / (file + ".csv")},
+                              nitro::monitor::TensorBoardSink{tensorboard}};
   const auto start = std::chrono::steady_clock::now();
   auto last = start;
   std::int64_t written = 0, samples = 0, samples_then = 0;
@@ -144,7 +159,8 @@ Row train_level(const std::string& name, const std::string& file, const Args& ar
       },
       [&] { loop.flush(); }, watch);
   bar.close();
-  const auto summary = nitro::monitor::summarize(loop.monitor());
+  sinks.close();
+  const auto summary = nitro::monitor::summarize(loop);
   row.report = nitro::monitor::format(summary) + "advice:\n" + nitro::monitor::format(nitro::monitor::bottlenecks(summary));
   return row;
 }
@@ -191,7 +207,8 @@ int main(int argc, char** argv) try {
   plain({.epochs = 1, .samples = 1024, .batch = args.batch});  // warm-up: thread pools, kernels, allocator
   std::vector<Row> rows;
   rows.push_back(plain(args));
-  rows.push_back(train_level<nitro::level::Basic>("level::Basic", "basic", args, args.batch, {}));
+  rows.push_back(train_level<nitro::level::Basic, torch::optim::SGD, /*Traced=*/true>("level::Basic", "basic", args,
+                                                                                      args.batch, {}));
   rows.push_back(train_level<nitro::level::Basic, nitro::optim::FusedSGD>("level::Basic + FusedSGD", "basic_fused", args,
                                                                           args.batch, {}));
   rows.push_back(train_level<nitro::level::Advanced>("level::Advanced (bf16)", "advanced", args, args.batch, {}));
@@ -216,6 +233,12 @@ int main(int argc, char** argv) try {
   std::printf("\nmetrics (a row every 10 optimizer steps): %s/{basic,basic_fused,advanced,ultra%s}.{jsonl,csv}; plot them with\n"
               "  python3 bench/plot_metrics.py %s/*.jsonl -o metrics.png\n",
               args.metrics.c_str(), gpu ? ",max" : "", args.metrics.c_str());
+  std::printf("TensorBoard event files, one run per level: %s/tensorboard/; view them with\n"
+              "  tensorboard --logdir %s/tensorboard      (then open http://localhost:6006)\n",
+              args.metrics.c_str(), args.metrics.c_str());
+  std::printf("a trace of level::Basic's optimizer steps 20-22: %s/basic.trace.json; open it at https://ui.perfetto.dev "
+              "(Open trace file) or chrome://tracing\n",
+              args.metrics.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "levels: %s\n", e.what());

@@ -19,7 +19,9 @@
 #include <nitro/memory/batch_size.hpp>
 #include <nitro/memory/monitor.hpp>
 #include <nitro/memory/oom.hpp>
+#include <nitro/memory/nvml.hpp>
 #include <nitro/memory/tracking_allocator.hpp>
+#include <nitro/memory/watch.hpp>
 
 #include <nitro/optim/fused.hpp>
 #include <nitro/optim/fused_step.hpp>
@@ -32,6 +34,7 @@
 #include <nitro/train/clip.hpp>
 #include <nitro/train/hooks.hpp>
 #include <nitro/train/levels.hpp>
+#include <nitro/train/stability.hpp>
 #include <nitro/train/training_loop.hpp>
 
 #include <nitro/cache/cache.hpp>
@@ -47,10 +50,12 @@
 #include <nitro/cache/evict/wtinylfu.hpp>
 
 #include <nitro/data/pinned_pool.hpp>
+#include <nitro/data/pipeline.hpp>
 // data/augment.hpp is left out here (it includes <ATen/ATen.h>): include it where images are augmented.
 #include <nitro/data/prefetcher.hpp>
 #include <nitro/data/record_file.hpp>
 #include <nitro/data/sampler.hpp>
+#include <nitro/data/stage_stats.hpp>
 #include <nitro/data/source.hpp>
 #include <nitro/data/synthetic.hpp>
 
@@ -58,6 +63,8 @@
 #include <nitro/monitor/progress.hpp>
 #include <nitro/monitor/report.hpp>
 #include <nitro/monitor/sinks.hpp>
+#include <nitro/monitor/tensorboard.hpp>
+// monitor/trace.hpp is left out here (it includes LibTorch's profiler): include it where a run is traced.
 
 // Serving: infer/compiled.hpp (AOTInductor packages, TorchScript files) is left out here: it pulls in
 // the JIT's headers; include it where a compiled model is loaded.
