@@ -106,30 +106,43 @@ def main(argv=None):
 
     figure, (loss_ax, rate_ax, memory_ax) = plt.subplots(3, 1, sharex=True, figsize=(10, 9))
     colours = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
+    markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
+
+    # Runs often coincide (the same loss, the same memory): each run's line is drawn wider than the
+    # next one's and carries its own markers at its own places, so a line hidden under another still
+    # shows as a coloured band and by its markers.
+    def style(index, points):
+        every = max(len(runs), points // 8)  # each run's markers at its own offset in every stride
+        offset = min(max(points - 1, 0), index * (every // len(runs)))
+        return dict(color=colours[index % len(colours)], linewidth=max(1.2, 4.5 - 1.0 * index),
+                    marker=markers[index % len(markers)], markersize=6,
+                    markevery=(offset, every), zorder=3 + 0.01 * index)
+
     for index, (name, rows) in enumerate(runs):
-        colour = colours[index % len(colours)]
         steps, loss = series(rows, "loss")
         if loss:
-            loss_ax.plot(steps, loss, color=colour, alpha=0.3, linewidth=0.8)
-            loss_ax.plot(steps, moving_average(loss, args.window), color=colour, label=name)
+            # Raw values as faint dots of the run's colour (lines of several runs blend into mud).
+            loss_ax.plot(steps, loss, linestyle="none", marker=".", markersize=3, alpha=0.35,
+                         color=colours[index % len(colours)], zorder=2)
+            loss_ax.plot(steps, moving_average(loss, args.window), label=name, **style(index, len(steps)))
         steps, rate = series(rows, "samples_per_s")
         if rate:
-            rate_ax.plot(steps, rate, color=colour, label=name)
+            rate_ax.plot(steps, rate, label=name, **style(index, len(steps)))
         steps, memory = series(rows, "memory_bytes", 1 / 1e6)
         if memory:
-            memory_ax.plot(steps, memory, color=colour, label=name)
+            memory_ax.plot(steps, memory, label=name, **style(index, len(steps)))
         steps, peak = series(rows, "peak_memory_bytes", 1 / 1e6)
         if peak:
-            memory_ax.plot(steps, peak, color=colour, linestyle="--", label=f"{name} peak")
+            memory_ax.plot(steps, peak, linestyle="--", label=f"{name} peak", **style(index, len(steps)))
 
-    loss_ax.set_ylabel(f"loss (faint: raw, solid: mean of {args.window})")
+    loss_ax.set_ylabel(f"loss (dots: raw, line: mean of {args.window})")
     rate_ax.set_ylabel("samples/s")
     memory_ax.set_ylabel("memory MB (dashed: peak)")
     memory_ax.set_xlabel("step")
     for axis in (loss_ax, rate_ax, memory_ax):
         axis.grid(True, alpha=0.3)
         if axis.get_legend_handles_labels()[0]:
-            axis.legend(loc="best", fontsize="small")
+            axis.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small")
         else:
             axis.text(0.5, 0.5, "no values", transform=axis.transAxes, ha="center", va="center", alpha=0.5)
     if args.title:
