@@ -3,18 +3,29 @@
 // model and optimizer in alternating blocks (as bench_loop_overhead does); median step time.
 // RESULT monitor_overhead = monitored / unmonitored, goal <= 1.02.
 //
+// Then, in blocks of 100 steps (so that what happens every 10 or 100 steps is inside each block),
+// alternating with the same plain loop, median block time:
+// RESULT tensorboard_overhead = with a TensorBoardSink row every 10 steps (the loss read with .item(),
+//   as the demo does) / without, goal <= 1.02.
+// RESULT guard_overhead = with stability::Guard (its defaults: a check every 10 steps, the good state
+//   copied to the host every 100) / without, goal <= 1.02.
+//
 //   bench_monitor [rounds]
 #include "common.hpp"
 
 #include <nitro/monitor/phases.hpp>
 #include <nitro/monitor/progress.hpp>
 #include <nitro/monitor/report.hpp>
+#include <nitro/monitor/tensorboard.hpp>
+#include <nitro/train/stability.hpp>
 #include <nitro/train/levels.hpp>
 
 #include <torch/torch.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <unistd.h>
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 30, per_round = 20, warmup = 20, batches = 16;
@@ -56,5 +67,51 @@ int main(int argc, char** argv) {
   std::printf("%-40s %12.4f\n", "with monitor::Phases + ProgressBar", b * 1e3);
   std::printf("what the monitor saw of its own steps:\n%s", nitro::monitor::format(summary).c_str());
   nitro::bench::result("monitor_overhead", b / a, "<=", 1.02);
+
+  // Blocks of 100 steps: the plain loop, with a TensorBoard row every 10 steps, with the guard.
+  constexpr int block = 100;
+  const auto logdir = std::filesystem::temp_directory_path() / ("nitro-bench-monitor-" + std::to_string(::getpid()));
+  struct Cleanup {
+    std::filesystem::path p;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(p, ec);
+    }
+  } cleanup{logdir};
+  nitro::monitor::TensorBoardSink tb{logdir};
+  using Guarded = nitro::level::with<nitro::level::Basic, nitro::stability::Guard>;
+  Guarded guarded{model, optimizer};
+  std::int64_t logged = 0;
+  auto plain_block = [&] {
+    for (int i = 0; i < block; ++i) plain_step();
+  };
+  auto logged_block = [&] {
+    for (int i = 0; i < block; ++i) {
+      auto r = plain.step(inputs[static_cast<size_t>(next++ % batches)], loss_fn);
+      if (++logged % 10 == 0)
+        tb.write({.step = logged, .loss = r.loss.item<double>(), .lr = 0.01, .samples_per_s = 1000.0});
+    }
+  };
+  auto guarded_block = [&] {
+    for (int i = 0; i < block; ++i) guarded.step(inputs[static_cast<size_t>(next++ % batches)], loss_fn);
+  };
+  const int block_rounds = std::max(5, rounds / 3);
+  plain_block();
+  logged_block();
+  guarded_block();
+  const auto [tb_off, tb_on] = nitro::bench::interleaved(plain_block, logged_block, block_rounds, 1);
+  const auto [g_off, g_on] = nitro::bench::interleaved(plain_block, guarded_block, block_rounds, 1);
+  tb.close();
+  const double t0 = nitro::bench::median(tb_off), t1 = nitro::bench::median(tb_on);
+  const double g0 = nitro::bench::median(g_off), g1 = nitro::bench::median(g_on);
+  std::printf("\nblocks of %d steps, %zu of each, interleaved                median ms per block\n", block, tb_off.size());
+  std::printf("%-58s %10.3f\n", "level::Basic", t0 * 1e3);
+  std::printf("%-58s %10.3f\n", "level::Basic + TensorBoardSink row every 10 steps", t1 * 1e3);
+  std::printf("%-58s %10.3f\n", "level::Basic (again, beside the guard)", g0 * 1e3);
+  std::printf("%-58s %10.3f\n", "level::Basic + stability::Guard (check every 10)", g1 * 1e3);
+  std::printf("guard: %s; TensorBoard events written: %lld\n", guarded.hook<nitro::stability::Guard>().report().c_str(),
+              static_cast<long long>(tb.events()));
+  nitro::bench::result("tensorboard_overhead", t1 / t0, "<=", 1.02);
+  nitro::bench::result("guard_overhead", g1 / g0, "<=", 1.02);
   return 0;
 }
