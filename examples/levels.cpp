@@ -129,6 +129,7 @@ Row train_level(const std::string& name, const std::string& file, const Args& ar
   const auto start = std::chrono::steady_clock::now();
   auto last = start;
   std::int64_t written = 0, samples = 0, samples_then = 0;
+  nitro::monitor::Totals phases_then{};
   // A metrics row (and one .item()) every 10 optimizer steps, so levels with accumulation line up.
   constexpr std::int64_t kEvery = 10;
   auto watch = [&](const at::Tensor& loss, const nitro::memory::PeakScope& memory) {
@@ -146,6 +147,19 @@ Row train_level(const std::string& name, const std::string& file, const Args& ar
                  .samples_per_s = static_cast<double>(samples - samples_then) / std::chrono::duration<double>(now - last).count(),
                  .memory_bytes = live,
                  .peak_memory_bytes = peak});
+    // The phases' mean times since the last row, as TensorBoard scalars beside the row's.
+    const auto& totals = loop.monitor().totals();
+    if (const auto steps_now = totals.steps - phases_then.steps; steps_now > 0) {
+      const auto mean = [&](nitro::Phase p) {
+        const auto i = static_cast<std::size_t>(p);
+        return (totals.phase_ms[i] - phases_then.phase_ms[i]) / static_cast<double>(steps_now);
+      };
+      sinks.template get<2>().scalars(step, {{"phase/data_ms", mean(nitro::Phase::data)},
+                                             {"phase/forward_ms", mean(nitro::Phase::forward)},
+                                             {"phase/backward_ms", mean(nitro::Phase::backward)},
+                                             {"phase/optimizer_ms", mean(nitro::Phase::optimizer)}});
+      phases_then = totals;
+    }
     last = now;
     samples_then = samples;
   };
