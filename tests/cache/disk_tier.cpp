@@ -845,3 +845,258 @@ TEST_CASE("TieredCache reads other keys from disk while one key's disk read is h
   REQUIRE(big_back.has_value());
   CHECK(bitwise_equal(*big_back, big));
 }
+
+// ---- values of several tensors: Examples, tuples, user structs ----------------------------------------
+
+namespace {
+
+/// A user struct with tensors (one of them may be undefined, and a list of any length) and members
+/// that are not tensors, which a spill must keep as they were.
+struct Labeled {
+  at::Tensor image;
+  at::Tensor boxes;
+  at::Tensor mask;  // undefined when the sample has none
+  std::vector<at::Tensor> extras;
+  std::int64_t id = 0;
+  std::string name;
+  template <class F>
+  friend Labeled nitro_map_tensors(const Labeled& b, F&& f) {
+    return {f(b.image), f(b.boxes), f(b.mask), nitro::map_tensors(b.extras, f), b.id, b.name};
+  }
+};
+static_assert(nitro::Batch<Labeled>);
+
+/// A user struct whose nitro_map_tensors skips its mask when undefined: its tensors cannot be put back
+/// in order from a shell, so it must be refused, not stored.
+struct Skipping {
+  at::Tensor image;
+  at::Tensor mask;
+  template <class F>
+  friend Skipping nitro_map_tensors(const Skipping& b, F&& f) {
+    Skipping out{f(b.image), b.mask};
+    if (b.mask.defined()) out.mask = f(b.mask);
+    return out;
+  }
+};
+
+/// Both undefined, or bitwise equal with the same dtype and shape.
+bool same(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
+  return bitwise_equal(a, b);
+}
+bool same(const torch::data::Example<>& a, const torch::data::Example<>& b) {
+  return same(a.data, b.data) && same(a.target, b.target);
+}
+bool same(const Labeled& a, const Labeled& b) {
+  bool extras = a.extras.size() == b.extras.size();
+  for (std::size_t i = 0; extras && i < a.extras.size(); ++i) extras = same(a.extras[i], b.extras[i]);
+  return same(a.image, b.image) && same(a.boxes, b.boxes) && same(a.mask, b.mask) && extras && a.id == b.id &&
+         a.name == b.name;
+}
+
+/// Labeled sample k: its tensors of several dtypes and shapes (a 0-dim, an empty one, a transposed
+/// view), a mask only for even k, k % 3 extras.
+Labeled labeled(std::int64_t k) {
+  Labeled s;
+  s.image = (torch::arange(2 * 3 * 5, torch::kUInt8).reshape({2, 3, 5}) + static_cast<int>(k)).transpose(1, 2);
+  s.boxes = k % 2 ? torch::empty({0, 4}, torch::kFloat) : torch::arange(12, torch::kFloat64).reshape({3, 4}) / (k + 1);
+  if (k % 2 == 0) s.mask = torch::arange(15).reshape({5, 3}) % (k + 2) == 0;
+  for (std::int64_t e = 0; e < k % 3; ++e)
+    s.extras.push_back(torch::tensor(static_cast<float>(k + e)).to(torch::kHalf));
+  s.id = 1000 + k;
+  s.name = "sample-" + std::to_string(k);
+  return s;
+}
+
+/// The bytes of a spill file for tensors of these shapes and element sizes: a header per tensor.
+std::size_t file_bytes_of(const std::vector<at::Tensor>& tensors) {
+  std::size_t n = 0;
+  for (const auto& t : tensors) n += 48 + 8 * (t.defined() ? t.dim() : 0) + 8 + (t.defined() ? t.nbytes() : 0);
+  return n;
+}
+
+}  // namespace
+
+static_assert(std::same_as<nitro::TieredCache<nitro::evict::Lru, std::mutex>::value_type, at::Tensor>,
+              "the spelling TieredCache<Policy, Lock> from before Value still means tensor values");
+static_assert(std::same_as<nitro::TieredCache<nitro::evict::Lru, nitro::NullMutex>::lock_type, nitro::NullMutex>);
+static_assert(std::same_as<nitro::TieredCache<nitro::evict::Lru, torch::data::Example<>>::lock_type, std::mutex>);
+static_assert(std::same_as<nitro::TieredCache_mt<nitro::evict::Lru, std::int64_t, Labeled, nitro::TensorBytes>,
+                           nitro::TieredCache<nitro::evict::Lru, Labeled, std::mutex>>);
+static_assert(std::same_as<nitro::TieredCache_st<nitro::evict::Lru>::lock_type, nitro::NullMutex>);
+
+TEST_CASE("an Example and a user struct come back from disk exactly: dtypes, shapes, 0-dim, empty, other members") {
+  TempDir dir;
+  nitro::BasicDiskTier<std::int64_t, torch::data::Example<>> examples{
+      {.directory = dir / "examples", .capacity_bytes = 1 << 20}};
+  const std::vector<torch::data::Example<>> stored = {
+      {torch::randn({4, 3}, torch::kFloat64).t(), torch::tensor(7, torch::kInt64)},  // a view, a 0-dim target
+      {torch::rand({2, 2}).to(torch::kBFloat16), torch::empty({0}, torch::kInt64)},   // an empty target
+      {torch::tensor(3.5f), torch::tensor({true, false, true})},
+      {torch::randint(0, 255, {1, 2, 3}, torch::kUInt8), at::Tensor()},  // an undefined target stays undefined
+  };
+  for (std::size_t k = 0; k < stored.size(); ++k) {
+    CAPTURE(k);
+    const auto key = static_cast<std::int64_t>(k);
+    REQUIRE(examples.store(key, stored[k]));
+    CHECK(fs::file_size(examples.path_of(key)) == file_bytes_of({stored[k].data, stored[k].target}));
+    const auto back = examples.load(key);
+    REQUIRE(back.has_value());
+    CHECK(same(*back, stored[k]));
+    CHECK(back->data.device().is_cpu());
+    CHECK(back->data.is_contiguous());
+  }
+  CHECK(examples.bytes() == spill_file_bytes(dir / "examples"));
+  CHECK(examples.stats().hits == stored.size());
+
+  nitro::BasicDiskTier<std::int64_t, Labeled> structs{{.directory = dir / "structs", .capacity_bytes = 1 << 20}};
+  for (std::int64_t k = 0; k < 6; ++k) REQUIRE(structs.store(k, labeled(k)));
+  for (std::int64_t k = 5; k >= 0; --k) {
+    CAPTURE(k);
+    const auto back = structs.load(k);
+    REQUIRE(back.has_value());
+    CHECK(same(*back, labeled(k)));  // id, name, the number of extras and the missing mask included
+    CHECK(back->extras.size() == static_cast<std::size_t>(k % 3));
+    CHECK(back->mask.defined() == (k % 2 == 0));
+  }
+  // Tuples, pairs, vectors and optionals of tensors too.
+  using Nested = std::tuple<at::Tensor, std::vector<at::Tensor>, std::optional<at::Tensor>>;
+  nitro::BasicDiskTier<std::int64_t, Nested> nested{{.directory = dir / "nested", .capacity_bytes = 1 << 20}};
+  const Nested a{torch::ones({2}), {torch::zeros({1}), torch::arange(3)}, std::nullopt};
+  const Nested b{torch::tensor(1), {}, torch::full({2, 2}, 4.0)};
+  REQUIRE(nested.store(1, a));
+  REQUIRE(nested.store(2, b));
+  const auto a_back = nested.load(1), b_back = nested.load(2);
+  REQUIRE(a_back.has_value());
+  REQUIRE(b_back.has_value());
+  CHECK(same(std::get<0>(*a_back), std::get<0>(a)));
+  REQUIRE(std::get<1>(*a_back).size() == 2);
+  CHECK(same(std::get<1>(*a_back)[1], std::get<1>(a)[1]));
+  CHECK_FALSE(std::get<2>(*a_back).has_value());
+  CHECK(std::get<1>(*b_back).empty());
+  REQUIRE(std::get<2>(*b_back).has_value());
+  CHECK(same(*std::get<2>(*b_back), *std::get<2>(b)));
+}
+
+TEST_CASE("a damaged file of a value of several tensors is a miss that is removed and counted") {
+  TempDir dir;
+  nitro::BasicDiskTier<std::int64_t, torch::data::Example<>> disk{{.directory = dir.path, .capacity_bytes = 1 << 20}};
+  const torch::data::Example<> original{torch::arange(16, torch::kFloat), torch::tensor(5, torch::kInt64)};
+  const std::size_t first = 64 + 16 * 4;  // the data tensor's record: header (48 + 8 + 8) and payload
+  const std::size_t total = first + 56 + 8;  // then the target's: header (48 + 8), 0-dim payload
+  REQUIRE(disk.store(7, original));
+  REQUIRE(fs::file_size(disk.path_of(7)) == total);
+  struct Damage {
+    const char* name;
+    std::function<void(const fs::path&)> apply;
+  };
+  auto flip = [](std::size_t at) {
+    return [at](const fs::path& p) {
+      auto bytes = read_file(p);
+      bytes[at] = static_cast<char>(bytes[at] ^ 0x10);
+      write_file(p, bytes);
+    };
+  };
+  const std::vector<Damage> damages = {
+      {"the second tensor's payload flipped", flip(total - 1)},
+      {"the second tensor's dtype flipped", flip(first + 24)},
+      {"the second tensor's index flipped", flip(first + 28)},
+      {"the second tensor's magic flipped", flip(first)},
+      {"the first tensor's payload flipped", flip(64 + 3)},
+      {"truncated between the tensors", [&](const fs::path& p) { fs::resize_file(p, first); }},
+      {"truncated in the second header", [&](const fs::path& p) { fs::resize_file(p, first + 20); }},
+      {"the tensors swapped", [&](const fs::path& p) {
+         auto bytes = read_file(p);
+         std::vector<char> swapped(bytes.begin() + static_cast<std::ptrdiff_t>(first), bytes.end());
+         swapped.insert(swapped.end(), bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(first));
+         write_file(p, swapped);
+       }},
+      {"the second tensor's record repeated over the first's size", [&](const fs::path& p) {
+         // The same size as the original, the first record replaced by the second twice over: the
+         // file's size matches the books, each header's checksum holds, the indices do not.
+         auto bytes = read_file(p);
+         std::vector<char> second(bytes.begin() + static_cast<std::ptrdiff_t>(first), bytes.end());
+         std::vector<char> twice = second;
+         twice.insert(twice.end(), second.begin(), second.end());
+         twice.resize(bytes.size(), 0);
+         write_file(p, twice);
+       }},
+  };
+  std::uint64_t corrupt = 0;
+  for (const auto& damage : damages) {
+    const std::string name = damage.name;  // CAPTURE of a const char* prints the pointer
+    CAPTURE(name);
+    REQUIRE(disk.store(7, original));
+    damage.apply(disk.path_of(7));
+    CHECK_FALSE(disk.load(7).has_value());
+    CHECK(disk.stats().corrupt == ++corrupt);
+    CHECK_FALSE(disk.contains(7));
+    CHECK_FALSE(fs::exists(disk.path_of(7)));
+    CHECK(disk.bytes() == 0);
+  }
+  REQUIRE(disk.store(7, original));
+  const auto back = disk.load(7);
+  REQUIRE(back.has_value());
+  CHECK(same(*back, original));
+}
+
+TEST_CASE("TieredCache of Examples and of a user struct: what memory has no room for comes back from disk exactly") {
+  TempDir dir;
+  auto example = [](std::int64_t k) {
+    return torch::data::Example<>{torch::full({10}, static_cast<float>(k)), torch::tensor(k)};
+  };
+  const auto example_bytes = static_cast<std::size_t>(nitro::TensorBytes{}(example(0)));
+  REQUIRE(example_bytes == 10 * 4 + 8);
+  nitro::TieredCache<nitro::evict::NoEvict, torch::data::Example<>> examples{
+      {.memory_capacity_bytes = 2 * example_bytes, .disk = {.directory = dir / "examples", .capacity_bytes = 1 << 20}}};
+  for (std::int64_t k = 0; k < 6; ++k) CHECK(examples.put(k, example(k)));
+  CHECK(examples.memory().size() == 2);
+  CHECK(examples.disk().size() == 4);
+  for (int epoch = 0; epoch < 2; ++epoch)
+    for (std::int64_t k = 0; k < 6; ++k) {
+      const auto v = examples.get(k);
+      REQUIRE(v.has_value());
+      CHECK(same(*v, example(k)));
+    }
+  auto s = examples.stats();
+  CHECK(s.memory.hits == 4);
+  CHECK(s.disk.hits == 8);
+  CHECK(s.disk.corrupt == 0);
+
+  // Memory holds one struct: every put and every disk hit moves another to disk.
+  const auto struct_bytes = static_cast<std::size_t>(nitro::TensorBytes{}(labeled(0)));
+  nitro::TieredCache<nitro::evict::Lru, Labeled> structs{
+      {.memory_capacity_bytes = struct_bytes, .disk = {.directory = dir / "structs", .capacity_bytes = 1 << 20}}};
+  for (std::int64_t k = 0; k < 5; ++k) CHECK(structs.put(k, labeled(k)));
+  for (int round = 0; round < 3; ++round)
+    for (std::int64_t k = 4; k >= 0; --k) {
+      CAPTURE(k);
+      const auto v = structs.get(k);
+      REQUIRE(v.has_value());
+      CHECK(same(*v, labeled(k)));
+    }
+  s = structs.stats();
+  CHECK(s.disk.hits > 0);
+  CHECK(s.disk.stores > 5);
+  CHECK(structs.size() == 5);
+}
+
+TEST_CASE("TieredCache and DiskTier refuse a value they could not put back, saying why") {
+  TempDir dir;
+  nitro::TieredCache<nitro::evict::Lru, torch::data::Example<>> examples{
+      {.memory_capacity_bytes = 1 << 10, .disk = {.directory = dir / "examples", .capacity_bytes = 1 << 20}}};
+  CHECK_THROWS_WITH_AS(examples.put(0, {torch::eye(3).to_sparse(), torch::tensor(1)}), doctest::Contains("only dense"),
+                       nitro::Error);
+  CHECK(examples.size() == 0);
+
+  nitro::TieredCache<nitro::evict::Lru, Skipping> skipping{
+      {.memory_capacity_bytes = 1 << 10, .disk = {.directory = dir / "skipping", .capacity_bytes = 1 << 20}}};
+  CHECK_THROWS_WITH_AS(skipping.put(0, {torch::ones({2}), torch::ones({2})}),
+                       doctest::Contains("must apply f to every tensor member"), nitro::Error);
+  CHECK(skipping.size() == 0);
+  nitro::BasicDiskTier<std::int64_t, Skipping> disk{{.directory = dir / "disk", .capacity_bytes = 1 << 20}};
+  CHECK_THROWS_WITH_AS(disk.store(0, {torch::ones({2}), torch::ones({2})}),
+                       doctest::Contains("must apply f to every tensor member"), nitro::Error);
+  CHECK(disk.store(1, {torch::ones({2}), at::Tensor()}));  // one tensor either way: it goes back right
+  CHECK(disk.size() == 1);
+}

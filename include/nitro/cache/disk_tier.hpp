@@ -1,28 +1,44 @@
 #pragma once
-// A second tier under a memory cache: tensors spilled to files in a directory, under a byte budget.
+// A second tier under a memory cache: values spilled to files in a directory, under a byte budget.
 //
-//   nitro::DiskTier            one file per key in a directory, a byte budget on the files, least
-//                              recently stored or loaded file removed first; thread safe
-//   nitro::TieredCache<Policy> a memory Cache<Policy> in front of a DiskTier: what memory evicts or
-//                              refuses is spilled to disk, a disk hit moves back into memory when
-//                              memory keeps it; locks striped by key, so file I/O of different keys
-//                              runs at once
+//   nitro::DiskTier                   one file per key in a directory, a byte budget on the files, least
+//                                     recently stored or loaded file removed first; thread safe
+//   nitro::BasicDiskTier<Key, Value>  the same for any batch value (an Example, a tuple, a user struct)
+//   nitro::TieredCache<Policy, Value> a memory Cache<Policy> in front of a disk tier: what memory evicts
+//                                     or refuses is spilled to disk, a disk hit moves back into memory
+//                                     when memory keeps it; locks striped by key, so file I/O of
+//                                     different keys runs at once
+//   nitro::TieredCache_mt<Policy>     TieredCache in Cache_mt's shape, to be CachedDataset's cache
+//                                     (nitro::cached_tiered in cached_dataset.hpp)
 //
 //   nitro::TieredCache<nitro::evict::Lru> samples{{.memory_capacity_bytes = 4_GiB,
 //                                                  .disk = {.directory = "/scratch/spill", .capacity_bytes = 64_GiB}}};
 //   if (auto x = samples.get(i)) use(*x); else samples.put(i, decode(i));
 //
-// A spill is a cache entry, re-creatable from its source, so a file is never trusted: each carries a
-// checksummed header (magic, format version, key, dtype, shape, payload size) and an XXH64 checksum
-// of its payload, and a missing, truncated or corrupt file reads as a miss (the file is removed and
-// counted), never as a wrong tensor. Files are written under a temporary name and renamed, so a
-// crashed process never leaves a half file under a final name. Files are in the host's byte order:
-// a spill directory belongs to one machine and one run. A DiskTier starts empty: it removes the
-// spill files a previous run left in its directory, and its own files when it is destroyed. One
-// DiskTier per directory.
+// Values: a tensor (the default), or any nitro::Batch (core/device.hpp): a torch::data::Example, a
+// tuple, pair, vector or optional of them, a user struct with `nitro_map_tensors`. A value's file
+// holds its tensors in for_each_tensor order, each with its own checksummed header (dtype, shape);
+// what is not a tensor (a user struct's id or name, a vector's length, whether an optional is
+// engaged) stays in memory with the tier's books (outside its byte budget), as the value with its
+// tensors left undefined (its "shell"), and a load puts the file's tensors back into a copy of the
+// shell through map_tensors. So a user struct round-trips exactly, with no prototype and no default
+// value, provided its nitro_map_tensors applies f to every tensor member, defined or not, in one
+// fixed order (checked when it is stored). An undefined tensor inside a value is kept as undefined;
+// a value that is one undefined tensor is refused.
+//
+// A spill is a cache entry, re-creatable from its source, so a file is never trusted: each tensor
+// carries a checksummed header (magic, format version, key, its place in the value, dtype, shape,
+// payload size) and an XXH64 checksum of its payload, and a missing, truncated or corrupt file reads
+// as a miss (the file is removed and counted), never as a wrong value. Files are written under a
+// temporary name and renamed, so a crashed process never leaves a half file under a final name. Files
+// are in the host's byte order: a spill directory belongs to one machine and one run. A DiskTier
+// starts empty: it removes the spill files a previous run left in its directory, and its own files
+// when it is destroyed. One DiskTier per directory.
 //
 // POSIX only (open/rename/fsync).
 #include <nitro/cache/cache.hpp>
+#include <nitro/core/concepts.hpp>
+#include <nitro/core/device.hpp>
 #include <nitro/core/error.hpp>
 #include <nitro/io/file.hpp>
 
@@ -44,6 +60,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -53,6 +70,7 @@
 #include <string_view>
 #include <system_error>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -70,23 +88,27 @@ using io::xxh64;
 
 // ---- the file format -----------------------------------------------------------------------------
 //
-//   FileHeader (48 bytes) | int64 sizes[ndim] | uint64 XXH64(everything before it) | payload
+//   per tensor of the value, in for_each_tensor order:
+//     FileHeader (48 bytes) | int64 sizes[ndim] | uint64 XXH64(everything before it, of this tensor) | payload
 //
-// The header has its own checksum so a flipped bit in a shape or a dtype is caught like one in the
-// payload; the payload is the raw bytes of a contiguous CPU tensor.
+// Each header has its own checksum so a flipped bit in a shape or a dtype is caught like one in the
+// payload; the payload is the raw bytes of a contiguous CPU tensor. A tensor's header names the key
+// and the tensor's place in the value, so a file of another key, or tensors out of order, do not pass.
+// A tensor value's file is one such record.
 
 inline constexpr char file_magic[8] = {'N', 'I', 'T', 'R', 'O', 'T', 'N', 'S'};
-inline constexpr std::uint32_t file_version = 1;
+inline constexpr std::uint32_t file_version = 2;  // 2: a value of several tensors, `index` (was reserved, 0)
 inline constexpr std::uint32_t max_file_ndim = 1024;  // bounds what a corrupt header can make us read
 inline constexpr std::string_view file_suffix = ".nitro";
+inline constexpr std::int32_t undefined_dtype = -1;  // an undefined tensor inside a value: no shape, no payload
 
 struct FileHeader {
   char magic[8];
   std::uint32_t version;
   std::uint32_t ndim;
   std::uint64_t key;
-  std::int32_t dtype;  // c10::ScalarType
-  std::uint32_t reserved;
+  std::int32_t dtype;  // c10::ScalarType, or undefined_dtype
+  std::uint32_t index;  // the tensor's place in the value (for_each_tensor order)
   std::uint64_t payload_bytes;
   std::uint64_t payload_checksum;
 };
@@ -105,16 +127,21 @@ inline bool is_spill_file_name(std::string_view name) noexcept {
   return true;
 }
 
-/// The bytes of a tensor's file: header, then payload (`t` contiguous on the CPU).
-inline std::vector<std::byte> encode_header(std::uint64_t key, const at::Tensor& t) {
+/// The header bytes of tensor `index` of a value (`t` contiguous on the CPU, or undefined).
+inline std::vector<std::byte> encode_header(std::uint64_t key, std::uint32_t index, const at::Tensor& t) {
   FileHeader h{};
   std::memcpy(h.magic, file_magic, sizeof h.magic);
   h.version = file_version;
-  h.ndim = static_cast<std::uint32_t>(t.dim());
   h.key = key;
-  h.dtype = static_cast<std::int32_t>(t.scalar_type());
-  h.payload_bytes = static_cast<std::uint64_t>(t.nbytes());
-  h.payload_checksum = xxh64({static_cast<const std::byte*>(t.data_ptr()), t.nbytes()});
+  h.index = index;
+  if (t.defined()) {
+    h.ndim = static_cast<std::uint32_t>(t.dim());
+    h.dtype = static_cast<std::int32_t>(t.scalar_type());
+    h.payload_bytes = static_cast<std::uint64_t>(t.nbytes());
+    h.payload_checksum = xxh64({static_cast<const std::byte*>(t.data_ptr()), t.nbytes()});
+  } else {
+    h.dtype = undefined_dtype;
+  }
   std::vector<std::byte> out(header_bytes(h.ndim));
   std::memcpy(out.data(), &h, sizeof h);
   for (std::uint32_t d = 0; d < h.ndim; ++d) {
@@ -126,15 +153,15 @@ inline std::vector<std::byte> encode_header(std::uint64_t key, const at::Tensor&
   return out;
 }
 
-/// Reads and checks a whole spill file; nothing when anything about it is wrong.
-inline std::optional<at::Tensor> decode_file(int fd, std::uint64_t key, std::uint64_t indexed_bytes) {
-  struct ::stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != indexed_bytes) return std::nullopt;
-  const auto file_bytes = static_cast<std::uint64_t>(st.st_size);
+/// Reads and checks tensor `index` at the file's position, of the `left` bytes that remain (lowered
+/// by what it reads); nothing when anything about it is wrong. An undefined tensor is an undefined
+/// at::Tensor, where `undefined_allowed`.
+inline std::optional<at::Tensor> decode_tensor(int fd, std::uint64_t key, std::uint32_t index, std::uint64_t& left,
+                                               bool undefined_allowed) {
   FileHeader h{};
-  if (file_bytes < header_bytes(0) || !read_all(fd, &h, sizeof h)) return std::nullopt;
+  if (left < header_bytes(0) || !read_all(fd, &h, sizeof h)) return std::nullopt;
   if (std::memcmp(h.magic, file_magic, sizeof h.magic) != 0 || h.version != file_version || h.key != key ||
-      h.ndim > max_file_ndim || file_bytes < header_bytes(h.ndim))
+      h.index != index || h.ndim > max_file_ndim || left < header_bytes(h.ndim))
     return std::nullopt;
   std::vector<std::byte> head(header_bytes(h.ndim));
   std::memcpy(head.data(), &h, sizeof h);
@@ -142,7 +169,12 @@ inline std::optional<at::Tensor> decode_file(int fd, std::uint64_t key, std::uin
   std::uint64_t check;
   std::memcpy(&check, head.data() + head.size() - 8, 8);
   if (check != xxh64({head.data(), head.size() - 8})) return std::nullopt;
-  if (h.payload_bytes != file_bytes - head.size()) return std::nullopt;
+  left -= head.size();
+  if (h.payload_bytes > left) return std::nullopt;
+  if (h.dtype == undefined_dtype) {
+    if (!undefined_allowed || h.ndim != 0 || h.payload_bytes != 0) return std::nullopt;
+    return at::Tensor();
+  }
   if (h.dtype < 0 || h.dtype >= static_cast<std::int32_t>(c10::ScalarType::Undefined)) return std::nullopt;
   const auto dtype = static_cast<c10::ScalarType>(h.dtype);
   if (c10::isQIntType(dtype)) return std::nullopt;
@@ -167,7 +199,63 @@ inline std::optional<at::Tensor> decode_file(int fd, std::uint64_t key, std::uin
   if (h.payload_bytes > 0 && !read_all(fd, t.data_ptr(), h.payload_bytes)) return std::nullopt;
   if (xxh64({static_cast<const std::byte*>(t.data_ptr()), h.payload_bytes}) != h.payload_checksum)
     return std::nullopt;
+  left -= h.payload_bytes;
   return t;
+}
+
+/// Reads and checks a whole spill file of `count` tensors; nothing when anything about it is wrong
+/// (its size is not the indexed one, a tensor does not check, bytes are left over).
+inline std::optional<std::vector<at::Tensor>> decode_file(int fd, std::uint64_t key, std::uint64_t indexed_bytes,
+                                                          std::size_t count, bool undefined_allowed) {
+  struct ::stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != indexed_bytes) return std::nullopt;
+  std::uint64_t left = static_cast<std::uint64_t>(st.st_size);
+  std::vector<at::Tensor> tensors;
+  tensors.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    auto t = decode_tensor(fd, key, static_cast<std::uint32_t>(i), left, undefined_allowed);
+    if (!t) return std::nullopt;
+    tensors.push_back(std::move(*t));
+  }
+  if (left != 0) return std::nullopt;
+  return tensors;
+}
+
+// ---- values of several tensors ---------------------------------------------------------------------
+
+/// The tensors of a value, in for_each_tensor order.
+template <Batch Value>
+std::vector<at::Tensor> tensors_of(const Value& value) {
+  std::vector<at::Tensor> out;
+  for_each_tensor(value, [&](const at::Tensor& t) { out.push_back(t); });
+  return out;
+}
+
+/// `value` with every tensor undefined: what of it stays in memory when its tensors go to a file.
+/// Throws nitro::Error when its tensors cannot be put back in order: a nitro_map_tensors that skips
+/// an undefined member would put the file's tensors into the wrong members.
+template <Batch Value>
+Value shell_of(const Value& value, std::size_t tensors, std::string_view who) {
+  Value shell = map_tensors(value, [](const at::Tensor&) { return at::Tensor(); });
+  std::size_t n = 0;
+  for_each_tensor(shell, [&](const at::Tensor&) { ++n; });
+  NITRO_CHECK(n == tensors, who, ": the value has ", tensors, " tensors, but ", n,
+              " once they are undefined; its nitro_map_tensors must apply f to every tensor member, defined or "
+              "not, in one fixed order (see nitro/core/device.hpp)");
+  return shell;
+}
+
+/// Throws nitro::Error for a tensor a file cannot hold. `in_value`: the tensor is one of a composite
+/// value's, which may be undefined.
+inline void check_spillable(const at::Tensor& t, bool in_value, std::string_view who, std::string_view verb) {
+  if (!t.defined()) {
+    NITRO_CHECK(in_value, who, ": cannot ", verb, " an undefined tensor; ", verb, " a defined one");
+    return;
+  }
+  NITRO_CHECK(t.layout() == c10::kStrided && !t.is_nested() && !c10::isQIntType(t.scalar_type()), who, ": cannot ",
+              verb, " a ", t.layout(), " ", t.scalar_type(),
+              " tensor; only dense (strided), non-quantized tensors can be spilled to disk (convert it, e.g. "
+              ".to_dense())");
 }
 
 }  // namespace cache::detail
@@ -202,19 +290,32 @@ struct DiskTierStats {
   }
 };
 
-/// Tensors in files, one per key, under a byte budget; the least recently stored or loaded file goes
+/// Values in files, one per key, under a byte budget; the least recently stored or loaded file goes
 /// first. Thread safe: file contents are written and read outside the lock, only renames, removals
 /// and the books are under it.
-/// @tparam Key an integral key (the file is named after it); optional through the alias DiskTier (std::int64_t).
+/// @tparam Key   an integral key (the file is named after it); optional through the alias DiskTier (std::int64_t).
+/// @tparam Value a nitro::Batch: its tensors go to the file, the rest of it (its shell, see the top of
+///               this file) stays in memory; optional, default at::Tensor.
 ///
 ///   nitro::DiskTier disk{{.directory = "/scratch/spill", .capacity_bytes = 64ull << 30}};
 ///   disk.store(7, tensor);
 ///   if (auto t = disk.load(7)) use(*t);  // a CPU tensor equal to `tensor`, or nothing
-template <std::integral Key>
+///
+///   nitro::BasicDiskTier<std::int64_t, torch::data::Example<>> examples{
+///       {.directory = "/scratch/ex", .capacity_bytes = 1ull << 30}};
+///   examples.store(7, {image, label});   // both come back as CPU tensors, in their own dtypes and shapes
+template <std::integral Key, class Value = at::Tensor>
   requires(!std::same_as<Key, bool>)
 class BasicDiskTier {
+  static_assert(Batch<Value> && std::same_as<Value, std::remove_cvref_t<Value>>,
+                "nitro::BasicDiskTier: Value must be a batch (a tensor, a torch::data::Example, a tuple, pair, "
+                "vector or optional of them, or a type with nitro_map_tensors; see nitro/core/device.hpp)");
+  static_assert(std::copyable<Value>, "nitro::BasicDiskTier: Value must be copyable (a load copies its shell)");
+  static constexpr bool single = std::same_as<Value, at::Tensor>;
+
  public:
   using key_type = Key;
+  using value_type = Value;
   using Options = DiskTierOptions;
 
   /// Creates the directory if missing, checks that it is writable, and removes the spill files a
@@ -252,16 +353,28 @@ class BasicDiskTier {
     }
   }
 
-  /// Writes `tensor` (any device, any layout in memory: a contiguous CPU copy is what is written)
-  /// under `key`, replacing what was there, and removes the least recently used files until the
-  /// budget holds. Returns false, storing nothing and dropping the old file, when the file alone
-  /// would exceed the budget. Throws nitro::Error for a tensor that cannot be spilled (undefined,
-  /// sparse, quantized, nested) or when the file cannot be written (disk full, directory removed).
+  /// Writes `value`'s tensors (any device, any layout in memory: a contiguous CPU copy of each is what
+  /// is written) under `key`, replacing what was there, and removes the least recently used files
+  /// until the budget holds. Returns false, storing nothing and dropping the old file, when the file
+  /// alone would exceed the budget. Throws nitro::Error for a tensor that cannot be spilled (sparse,
+  /// quantized, nested; undefined, unless it is one of a composite value's), for a user type whose
+  /// nitro_map_tensors cannot put its tensors back (see the top of this file), or when the file cannot
+  /// be written (disk full, directory removed).
   ///   disk.store(i, image);
-  bool store(Key key, const at::Tensor& tensor) {
-    const at::Tensor t = spillable(tensor);
-    std::vector<std::byte> head = cache::detail::encode_header(static_cast<std::uint64_t>(key), t);
-    const std::size_t file_bytes = head.size() + t.nbytes();
+  bool store(Key key, const Value& value) {
+    std::vector<at::Tensor> tensors = cache::detail::tensors_of(value);
+    for (at::Tensor& t : tensors) t = spillable(t);
+    Shell shell = shell_for(value, tensors.size());
+    NITRO_CHECK(tensors.size() <= std::numeric_limits<std::uint32_t>::max(), "nitro::DiskTier: a value of ",
+                tensors.size(), " tensors; at most 2^32 - 1 (split it)");
+    std::vector<std::vector<std::byte>> heads;
+    heads.reserve(tensors.size());
+    std::size_t file_bytes = 0;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      heads.push_back(
+          cache::detail::encode_header(static_cast<std::uint64_t>(key), static_cast<std::uint32_t>(i), tensors[i]));
+      file_bytes += heads.back().size() + (tensors[i].defined() ? tensors[i].nbytes() : 0);
+    }
     if (file_bytes > capacity_) {
       std::lock_guard guard(mutex_);
       if (const auto it = index_.find(key); it != index_.end()) drop(it);
@@ -272,8 +385,10 @@ class BasicDiskTier {
     // Written and fsynced (Options::fsync) outside the lock; renamed under it, so the books and the
     // files agree. A failure throws and leaves no temporary file and the old file as it was.
     io::AtomicFile file(path_of(key), {.fsync = fsync_});
-    file.write(head.data(), head.size());
-    file.write(t.data_ptr(), t.nbytes());
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      file.write(heads[i].data(), heads[i].size());
+      if (tensors[i].defined() && tensors[i].nbytes() > 0) file.write(tensors[i].data_ptr(), tensors[i].nbytes());
+    }
     file.finish();
 
     std::lock_guard guard(mutex_);
@@ -281,7 +396,7 @@ class BasicDiskTier {
     // The rename replaced the old file; only the books of the old entry remain to drop.
     if (const auto it = index_.find(key); it != index_.end()) forget(it);
     order_.push_back(key);
-    index_.emplace(key, Entry{file_bytes, ++generation_, std::prev(order_.end())});
+    index_.emplace(key, Entry{file_bytes, ++generation_, std::prev(order_.end()), tensors.size(), std::move(shell)});
     bytes_ += file_bytes;
     ++stats_.stores;
     while (bytes_ > capacity_) {
@@ -291,12 +406,14 @@ class BasicDiskTier {
     return true;
   }
 
-  /// The tensor under `key` as a CPU tensor, or nothing when it is absent or its file is missing,
-  /// truncated or corrupt (that file is then removed and counted in stats().corrupt).
+  /// The value under `key`, its tensors on the CPU, or nothing when it is absent or its file is
+  /// missing, truncated or corrupt (that file is then removed and counted in stats().corrupt).
   ///   if (auto t = disk.load(i)) use(*t);
-  [[nodiscard]] std::optional<at::Tensor> load(Key key) {
+  [[nodiscard]] std::optional<Value> load(Key key) {
     cache::detail::Fd fd;
     std::uint64_t generation = 0, file_bytes = 0;
+    std::size_t count = 0;
+    std::optional<Shell> shell;
     {
       std::lock_guard guard(mutex_);
       const auto it = index_.find(key);
@@ -315,12 +432,14 @@ class BasicDiskTier {
       }
       generation = it->second.generation;
       file_bytes = it->second.bytes;
+      count = it->second.tensors;
+      shell.emplace(it->second.shell);
       order_.splice(order_.end(), order_, it->second.position);
     }
-    std::optional<at::Tensor> tensor =
-        cache::detail::decode_file(fd.get(), static_cast<std::uint64_t>(key), file_bytes);
+    std::optional<std::vector<at::Tensor>> tensors =
+        cache::detail::decode_file(fd.get(), static_cast<std::uint64_t>(key), file_bytes, count, !single);
     std::lock_guard guard(mutex_);
-    if (!tensor) {
+    if (!tensors) {
       // Remove the bad file unless a store has replaced it since.
       if (const auto it = index_.find(key); it != index_.end() && it->second.generation == generation) drop(it);
       ++stats_.corrupt;
@@ -328,7 +447,15 @@ class BasicDiskTier {
       return std::nullopt;
     }
     ++stats_.hits;
-    return tensor;
+    if constexpr (single) {
+      return std::move(tensors->front());
+    } else {
+      // The shell was checked when stored to take back exactly `count` tensors, in order.
+      std::size_t i = 0;
+      return map_tensors(*shell, [&](const at::Tensor&) {
+        return i < count ? std::move((*tensors)[i++]) : at::Tensor();
+      });
+    }
   }
 
   /// Removes `key`'s file; false when it was not held.
@@ -383,18 +510,26 @@ class BasicDiskTier {
   }
 
  private:
+  struct NoShell {};
+  // What of a value is not in its file; nothing for a tensor.
+  using Shell = std::conditional_t<single, NoShell, Value>;
   struct Entry {
     std::size_t bytes;
     std::uint64_t generation;  // tells a file apart from the one a later store put under the same name
     typename std::list<Key>::iterator position;
+    std::size_t tensors;  // in the file
+    [[no_unique_address]] Shell shell;
   };
   using Index = std::unordered_map<Key, Entry>;
 
+  static Shell shell_for(const Value& value, std::size_t tensors) {
+    if constexpr (single) return {};
+    else return cache::detail::shell_of(value, tensors, "nitro::DiskTier");
+  }
+
   static at::Tensor spillable(const at::Tensor& tensor) {
-    NITRO_CHECK(tensor.defined(), "nitro::DiskTier: cannot store an undefined tensor; store a defined one");
-    NITRO_CHECK(tensor.layout() == c10::kStrided && !tensor.is_nested() && !c10::isQIntType(tensor.scalar_type()),
-                "nitro::DiskTier: cannot store a ", tensor.layout(), " ", tensor.scalar_type(),
-                " tensor; only dense (strided), non-quantized tensors can be spilled (convert it, e.g. .to_dense())");
+    cache::detail::check_spillable(tensor, !single, "nitro::DiskTier", "store");
+    if (!tensor.defined()) return tensor;
     // Conjugate and negative views are lazy flags over the same bytes: resolve them so the bytes
     // written are the values.
     at::Tensor t = tensor.resolve_conj().resolve_neg();
@@ -459,23 +594,52 @@ class BasicDiskTier {
   DiskTierStats stats_;
 };
 
-/// A DiskTier keyed by sample index.
+/// A DiskTier of tensors keyed by sample index.
 using DiskTier = BasicDiskTier<std::int64_t>;
 
 // ---- TieredCache -----------------------------------------------------------------------------------
 
 namespace cache {
-/// A value of TieredCache's memory tier: the tensor, and the version it holds it under (the clock
+/// A value of TieredCache's memory tier: the value, and the version it holds it under (the clock
 /// value of the put that wrote it, or for a value read back from disk the key's stamp then). A spill
 /// of an evicted value goes by it: it is written only while no put or erase has touched the key since.
-struct VersionedTensor {
-  at::Tensor value;
+template <class Value>
+struct Versioned {
+  Value value{};
   std::uint64_t version = 0;
 };
-/// The memory tier's weigher: the tensor's bytes, as TensorBytes counts them (the version is books).
-struct VersionedTensorBytes {
-  std::int64_t operator()(const VersionedTensor& v) const { return TensorBytes{}(v.value); }
+using VersionedTensor = Versioned<at::Tensor>;
+/// The memory tier's weigher: the value's bytes, as TensorBytes counts them (the version is books).
+struct VersionedBytes {
+  template <class Value>
+  std::int64_t operator()(const Versioned<Value>& v) const {
+    return TensorBytes{}(v.value);
+  }
 };
+using VersionedTensorBytes = VersionedBytes;
+
+namespace detail {
+/// A lock type, as opposed to a value type: what TieredCache<Policy, Lock>, the spelling from before
+/// TieredCache took a value type, passes second.
+template <class T>
+concept LockType = !Batch<T> && requires(T& m) {
+  m.lock();
+  m.unlock();
+};
+template <class ValueOrLock, class Lock>
+struct TieredArgs {
+  using value = ValueOrLock;
+  using lock = Lock;
+};
+template <LockType L, class Lock>
+struct TieredArgs<L, Lock> {
+  static_assert(std::same_as<Lock, std::mutex>,
+                "nitro::TieredCache<Policy, Lock, ...>: a lock as the second argument means at::Tensor values "
+                "and takes no third; write TieredCache<Policy, Value, Lock>");
+  using value = at::Tensor;
+  using lock = L;
+};
+}  // namespace detail
 }  // namespace cache
 
 /// Both tiers' statistics. Every get() is one memory hit or miss, and every memory miss is one disk
@@ -491,11 +655,16 @@ struct TieredCacheStats {
   }
 };
 
-/// A memory cache in front of a DiskTier: what the memory tier evicts or refuses is written to disk,
+/// A memory cache in front of a disk tier: what the memory tier evicts or refuses is written to disk,
 /// and a get() that misses memory reads the disk, moving a hit into memory when memory keeps it.
 /// @tparam Policy the memory tier's eviction policy (cache/evict/), required
+/// @tparam Value  what it holds: a nitro::Batch (a tensor, a torch::data::Example, a tuple, pair,
+///                vector or optional of them, a user struct with nitro_map_tensors), default
+///                constructible and copyable; optional, default at::Tensor. On disk, its tensors are
+///                in the file and the rest of it in memory (see the top of this file).
 /// @tparam Lock   a BasicLockable for the memory tier and for each of the key stripes; optional,
-///                default std::mutex (NullMutex for one thread)
+///                default std::mutex (NullMutex for one thread). TieredCache<Policy, Lock>, a lock
+///                second, is TieredCache<Policy, at::Tensor, Lock> (the spelling from before Value).
 ///
 /// What is locked, and what runs at once:
 ///  - A memory hit takes only the memory tier's lock; it never waits on a file.
@@ -528,13 +697,26 @@ struct TieredCacheStats {
 ///                                                .disk = {.directory = "/tmp/spill", .capacity_bytes = 8ull << 30}}};
 ///   cache.put(i, tensor);
 ///   auto t = cache.get(i);  // from memory, or from disk when memory evicted it
-template <EvictionPolicy Policy, class Lock = std::mutex>
+///
+///   nitro::TieredCache<nitro::evict::NoEvict, torch::data::Example<>> samples{{...}};
+///   samples.put(i, dataset.get(i));  // data and target, each back exactly from either tier
+template <EvictionPolicy Policy, class Value = at::Tensor, class Lock = std::mutex>
 class TieredCache {
+  using Args = cache::detail::TieredArgs<Value, Lock>;
+
  public:
-  /// The memory tier: its values are the tensors with the versions the spills go by
-  /// (cache::VersionedTensor), weighed by their tensors' bytes.
-  using memory_type = Cache<Policy, std::int64_t, cache::VersionedTensor, cache::VersionedTensorBytes, Lock>;
-  using disk_type = DiskTier;
+  using value_type = typename Args::value;
+  using lock_type = typename Args::lock;
+  static_assert(Batch<value_type> && std::same_as<value_type, std::remove_cvref_t<value_type>>,
+                "nitro::TieredCache: Value must be a batch (a tensor, a torch::data::Example, a tuple, pair, vector "
+                "or optional of them, or a type with nitro_map_tensors; see nitro/core/device.hpp)");
+  static_assert(std::default_initializable<value_type> && std::copyable<value_type>,
+                "nitro::TieredCache: Value must be default constructible and copyable (the memory tier's Cache "
+                "holds it in a table and returns copies)");
+  /// The memory tier: its values are the values with the versions the spills go by
+  /// (cache::Versioned), weighed by their tensors' bytes.
+  using memory_type = Cache<Policy, std::int64_t, cache::Versioned<value_type>, cache::VersionedBytes, lock_type>;
+  using disk_type = BasicDiskTier<std::int64_t, value_type>;
 
   struct Options {
     /// The memory tier's byte budget (TensorBytes), > 0.
@@ -556,10 +738,12 @@ class TieredCache {
 
   /// Stores `value` under `key` in memory (replacing it in both tiers); what memory evicts for room,
   /// or `value` itself when memory refuses it, goes to disk. Returns whether `value` is held in
-  /// either tier. Throws nitro::Error for a tensor the disk tier could not hold (undefined, sparse,
-  /// quantized, nested) or when a spill cannot be written (what was not yet spilled is dropped).
+  /// either tier. Throws nitro::Error for a value the disk tier could not hold (a sparse, quantized
+  /// or nested tensor; an undefined one, unless inside a composite value; a nitro_map_tensors that
+  /// cannot put the tensors back) or when a spill cannot be written (what was not yet spilled is
+  /// dropped).
   ///   cache.put(i, image);
-  bool put(std::int64_t key, at::Tensor value) {
+  bool put(std::int64_t key, value_type value) {
     check_spillable(value);
     const std::size_t slot = slot_of(key);
     Removed removed;
@@ -577,14 +761,14 @@ class TieredCache {
     return held;
   }
 
-  /// The tensor under `key`: from memory, else from disk (a CPU tensor, moved into memory when
-  /// memory keeps it, else left in its file as it is), else nothing.
+  /// The value under `key`: from memory, else from disk (its tensors on the CPU, moved into memory
+  /// when memory keeps it, else left in its file as it is), else nothing.
   ///   if (auto t = cache.get(i)) use(*t);
-  [[nodiscard]] std::optional<at::Tensor> get(std::int64_t key) {
+  [[nodiscard]] std::optional<value_type> get(std::int64_t key) {
     if (auto hit = memory_.get(key)) return std::move(hit->value);
     const std::size_t slot = slot_of(key);
     Removed removed;
-    std::optional<at::Tensor> value;
+    std::optional<value_type> value;
     {
       std::lock_guard guard(stripes_[stripe_of(slot)].lock);
       value = disk_.load(key);
@@ -632,8 +816,8 @@ class TieredCache {
     disk_.reset_stats();
   }
   /// The tiers, to inspect (size, bytes, contains, stats); change them through the TieredCache only.
-  /// The memory tier's values are cache::VersionedTensor (the tensor and its version): read values
-  /// through get().
+  /// The memory tier's values are cache::Versioned (the value and its version): read values through
+  /// get().
   [[nodiscard]] const memory_type& memory() const noexcept { return memory_; }
   [[nodiscard]] const disk_type& disk() const noexcept { return disk_; }
 
@@ -647,7 +831,7 @@ class TieredCache {
   static constexpr std::size_t stamp_slots = 4096;
   static constexpr std::size_t slots_per_stripe = stamp_slots / stripe_count;
   struct alignas(64) Stripe {  // a cache line each, so two threads on two stripes share none
-    Lock lock;
+    lock_type lock;
   };
   // Locks every stripe in index order; safe because no other thread ever waits for a second stripe.
   class AllStripes {
@@ -712,12 +896,14 @@ class TieredCache {
   }
   // Checked before the put, so a value that could never be spilled is refused at the door rather than
   // failing later inside another key's eviction.
-  static void check_spillable(const at::Tensor& t) {
-    NITRO_CHECK(t.defined(), "nitro::TieredCache: cannot put an undefined tensor; put a defined one");
-    NITRO_CHECK(t.layout() == c10::kStrided && !t.is_nested() && !c10::isQIntType(t.scalar_type()),
-                "nitro::TieredCache: cannot put a ", t.layout(), " ", t.scalar_type(),
-                " tensor; only dense (strided), non-quantized tensors can be spilled to disk "
-                "(convert it, e.g. .to_dense())");
+  static void check_spillable(const value_type& value) {
+    constexpr bool composite = !std::same_as<value_type, at::Tensor>;
+    std::size_t tensors = 0;
+    for_each_tensor(value, [&](const at::Tensor& t) {
+      cache::detail::check_spillable(t, composite, "nitro::TieredCache", "put");
+      ++tensors;
+    });
+    if constexpr (composite) (void)cache::detail::shell_of(value, tensors, "nitro::TieredCache");
   }
 
   disk_type disk_;
@@ -727,5 +913,28 @@ class TieredCache {
   std::unique_ptr<std::uint64_t[]> write_stamps_;      // [slot]: the version of the slot's last put or erase
   std::uint64_t cleared_ = 0;                          // clock_ after the last clear(); under every stripe
 };
+
+namespace cache::detail {
+template <class Policy, class Key, class Value, class Weigher, class Lock>
+struct TieredAs {
+  static_assert(std::same_as<Key, std::int64_t>,
+                "nitro::TieredCache_mt: the key must be std::int64_t (a sample index; the spill file is named "
+                "after it)");
+  static_assert(std::same_as<Weigher, TensorBytes>,
+                "nitro::TieredCache_mt: the memory tier weighs values by TensorBytes; another weigher is not "
+                "supported");
+  using type = TieredCache<Policy, Value, Lock>;
+};
+}  // namespace cache::detail
+
+/// TieredCache in the shape of Cache_mt (Policy, Key, Value, Weigher), thread safe: the cache template
+/// of a CachedDataset with memory and disk (nitro::cached_tiered). Key must be std::int64_t and
+/// Weigher TensorBytes (they are there for the shape).
+///   nitro::CachedDataset<nitro::evict::NoEvict, MyDataset, nitro::TieredCache_mt> samples{...};
+template <EvictionPolicy Policy, class Key = std::int64_t, class Value = at::Tensor, class Weigher = TensorBytes>
+using TieredCache_mt = typename cache::detail::TieredAs<Policy, Key, Value, Weigher, std::mutex>::type;
+/// The same for one thread: no locks.
+template <EvictionPolicy Policy, class Key = std::int64_t, class Value = at::Tensor, class Weigher = TensorBytes>
+using TieredCache_st = typename cache::detail::TieredAs<Policy, Key, Value, Weigher, NullMutex>::type;
 
 }  // namespace nitro
