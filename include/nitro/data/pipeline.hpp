@@ -200,24 +200,7 @@ class Pipeline {
   [[nodiscard]] std::size_t threads_started() const noexcept { return impl_->threads.size(); }
 
   /// Range-for over the rest of this epoch.
-  class Iterator {
-   public:
-    using value_type = batch_type;
-    using difference_type = std::ptrdiff_t;
-    Iterator() = default;
-    explicit Iterator(Pipeline* p) : p_(p) { ++*this; }
-    batch_type& operator*() const { return *current_; }
-    Iterator& operator++() {
-      current_ = p_->next();
-      return *this;
-    }
-    void operator++(int) { ++*this; }
-    friend bool operator==(const Iterator& it, std::default_sentinel_t) { return !it.current_; }
-
-   private:
-    Pipeline* p_ = nullptr;
-    mutable std::optional<batch_type> current_;
-  };
+  using Iterator = ::nitro::detail::PullIterator<Pipeline>;
   Iterator begin() { return Iterator(this); }
   std::default_sentinel_t end() { return {}; }
 

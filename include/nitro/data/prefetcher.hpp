@@ -210,24 +210,7 @@ class Prefetcher {
   [[nodiscard]] std::size_t threads_started() const noexcept { return threads_.size(); }
 
   /// Range-for: `for (auto& batch : prefetcher)`. One pass; the iterator owns the current batch.
-  class Iterator {
-   public:
-    using value_type = batch_type;
-    using difference_type = std::ptrdiff_t;
-    Iterator() = default;
-    explicit Iterator(Prefetcher* p) : p_(p) { ++*this; }
-    batch_type& operator*() const { return *current_; }
-    Iterator& operator++() {
-      current_ = p_->next();
-      return *this;
-    }
-    void operator++(int) { ++*this; }
-    friend bool operator==(const Iterator& it, std::default_sentinel_t) { return !it.current_; }
-
-   private:
-    Prefetcher* p_ = nullptr;
-    mutable std::optional<batch_type> current_;
-  };
+  using Iterator = detail::PullIterator<Prefetcher>;
   Iterator begin() { return Iterator(this); }
   std::default_sentinel_t end() { return {}; }
 

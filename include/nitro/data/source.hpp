@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstddef>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -187,6 +188,28 @@ DatasetSource<std::decay_t<Dataset>, std::decay_t<Sampler>> from_dataset(Dataset
 }
 
 namespace detail {
+/// Range-for over anything with `std::optional<batch_type> next()` (a Prefetcher, a data::Pipeline):
+/// one pass; the iterator owns the current item.
+template <class P>
+class PullIterator {
+ public:
+  using value_type = typename P::batch_type;
+  using difference_type = std::ptrdiff_t;
+  PullIterator() = default;
+  explicit PullIterator(P* p) : p_(p) { ++*this; }
+  value_type& operator*() const { return *current_; }
+  PullIterator& operator++() {
+    current_ = p_->next();
+    return *this;
+  }
+  void operator++(int) { ++*this; }
+  friend bool operator==(const PullIterator& it, std::default_sentinel_t) { return !it.current_; }
+
+ private:
+  P* p_ = nullptr;
+  mutable std::optional<value_type> current_;
+};
+
 template <class S>
 struct as_source {
   using type = S;
