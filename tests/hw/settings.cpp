@@ -211,7 +211,7 @@ NITRO_TEST_CHILD(unprivileged_nice) {
     nitro::hw::ScopedSettings s{{.nice = before - 5}};
     ++failures;
   } catch (const nitro::Error& e) {
-    if (std::string(e.what()).find("may not lower its nice value") == std::string::npos) ++failures;
+    if (std::string(e.what()).find("may not lower a nice value") == std::string::npos) ++failures;
   }
   try {
     nitro::hw::ScopedSettings s{{.nice = before + 2}};

@@ -91,6 +91,7 @@ TEST_CASE("the summary table shows every phase with its share") {
 #include <nitro/memory/tracking_allocator.hpp>
 #include <nitro/memory/watch.hpp>
 #include <nitro/optim/fused.hpp>
+#include <nitro/train/channels_last.hpp>
 #include <nitro/train/levels.hpp>
 #include <nitro/train/stability.hpp>
 
@@ -133,6 +134,18 @@ TEST_CASE("summarize(loop): the advice leaves out what the loop already does, an
     CHECK(advice.find("fused optimizer") == std::string::npos);
     CHECK(advice.find("larger batch") != std::string::npos);
   }
+}
+
+TEST_CASE("summarize(loop): a channels-last model with 1x1 and one-input-channel convolutions is seen as channels-last") {
+  torch::nn::Sequential model(torch::nn::Conv2d(1, 4, 3), torch::nn::Conv2d(4, 8, 1), torch::nn::Conv2d(8, 8, 3),
+                              torch::nn::Flatten());
+  torch::optim::SGD optimizer(model->parameters(), 0.01);
+  nitro::level::with<nitro::level::Basic, nitro::monitor::Phases> loop{model, optimizer, {.monitor = {.warmup_steps = 0}}};
+  const auto x = torch::randn({2, 1, 8, 8});
+  loop.step(x, [&](const at::Tensor& in) { return model->forward(in).mean(); });
+  CHECK_FALSE(nitro::monitor::summarize(loop).loop->channels_last);
+  nitro::to_channels_last(*model);
+  CHECK(nitro::monitor::summarize(loop).loop->channels_last);
 }
 
 TEST_CASE("memory::Watch: past its threshold (the tracking allocator's live bytes) it cleans up, and the report says so") {

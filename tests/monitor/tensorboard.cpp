@@ -194,4 +194,8 @@ TEST_CASE("tensorboard: user errors say what to do, and the sink fits Sinks<...>
   sinks.close();
   CHECK(sinks.get<1>().events() == 2);
   CHECK_THROWS_WITH_AS(sinks.get<1>().scalar("loss", 2, 1.0), doctest::Contains("write after close"), nitro::Error);
+  TensorBoardSink a{dir.path / "moved"};
+  TensorBoardSink b{std::move(a)};
+  b.scalar("loss", 1, 1.0);
+  CHECK_THROWS_WITH_AS(a.scalar("loss", 2, 1.0), doctest::Contains("write after close"), nitro::Error);  // NOLINT(bugprone-use-after-move)
 }

@@ -78,3 +78,22 @@ TEST_CASE("trace: a scope records its region, refuses a second profiler, and che
                        nitro::Error);
   CHECK_THROWS_WITH_AS(nitro::monitor::Trace({.steps = 0}), doctest::Contains("steps must be >= 1"), nitro::Error);
 }
+
+TEST_CASE("trace: a second loop's trace while one records is skipped, its step does not fail") {
+  nitro::test::TempDir dir("nitro-trace", true);
+  torch::nn::Linear model(8, 2);
+  torch::optim::SGD optimizer(model->parameters(), 0.01);
+  using Loop = nitro::level::with<nitro::level::Basic, nitro::monitor::Trace>;
+  Loop first{model, optimizer, {.hooks = {nitro::monitor::Trace::Options{.path = dir / "a.json", .start = 0, .steps = 3}}}};
+  Loop second{model, optimizer, {.hooks = {nitro::monitor::Trace::Options{.path = dir / "b.json", .start = 0, .steps = 1}}}};
+  const auto x = torch::randn({4, 8});
+  const auto loss = [&](const at::Tensor& in) { return model->forward(in).mean(); };
+  first.step(x, loss);
+  CHECK_NOTHROW(second.step(x, loss));
+  CHECK(second.hook<nitro::monitor::Trace>().report().find("not recorded: another profiler") != std::string::npos);
+  first.step(x, loss);
+  first.step(x, loss);
+  CHECK(first.hook<nitro::monitor::Trace>().done());
+  CHECK(std::filesystem::exists(dir / "a.json"));
+  CHECK_FALSE(std::filesystem::exists(dir / "b.json"));
+}

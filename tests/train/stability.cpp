@@ -187,3 +187,46 @@ TEST_CASE("guard: its state round-trips, and wrong options say what to do") {
   Run early({.on_nonfinite = st::Action::restore, .check_every = 1});
   CHECK_THROWS_WITH_AS(early.step(true), doctest::Contains("before any good state was kept"), nitro::Error);
 }
+
+TEST_CASE("guard: a lasting rise of the loss is a new level, counting spikes does not stop the backups, a flat loss is no trigger") {
+  torch::nn::Linear model(3, 1);
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  Guarded loop{model, optimizer,
+               {.hooks = {st::GuardOptions{.on_nonfinite = st::Action::restore, .check_every = 1, .backup_every = 1,
+                                           .spike_window = 20, .spike_min = 5}}}};
+  const auto step = [&](double value) {
+    return loop.step(x, [&](const at::Tensor& in) { return model->forward(in).sum() * 0 + value; });
+  };
+  for (int i = 0; i < 25; ++i) step(0.5);  // flat: the deviation floor keeps a tiny change from being a spike
+  step(0.5000001);
+  CHECK(loop.hook<st::Guard>().counts().spikes == 0);
+  for (int i = 0; i < 40; ++i) step(10.0 + 0.01 * (i % 3));  // a new level
+  const auto& c = loop.hook<st::Guard>().counts();
+  CHECK(c.spikes == 5);  // the first spike_min of the new level, then it is the window
+  CHECK(c.last_good_step == loop.optimizer_steps());  // backups and the last good loss went on
+  CHECK(c.last_good_loss > 9.0);
+}
+
+TEST_CASE("guard: restores in a row are bounded, a loaded state drops the kept backup, a skipped step counts once") {
+  Run diverging({.on_nonfinite = st::Action::restore, .check_every = 1, .backup_every = 1, .max_restores = 3});
+  diverging.step();
+  for (int i = 0; i < 3; ++i) CHECK(diverging.step(true).restores == i + 1);
+  CHECK_THROWS_WITH_AS(diverging.step(true), doctest::Contains("again after 3 restores in a row of the state of step 1"),
+                       nitro::Error);
+
+  Run run({.on_nonfinite = st::Action::restore, .check_every = 2, .backup_every = 2});
+  for (int i = 0; i < 5; ++i) run.step();
+  CHECK(run.loop.hook<st::Guard>().has_backup());
+  const auto saved = run.loop.hook<st::Guard>().state_dict();
+  CHECK(saved.tensor("kept_losses").numel() == 1);  // step 5's loss, not yet checked
+  run.loop.hook<st::Guard>().load_state_dict(saved);
+  CHECK_FALSE(run.loop.hook<st::Guard>().has_backup());
+  // The kept loss of step 5 and a NaN, checked at step 6: no good state was kept since the load.
+  CHECK_THROWS_WITH_AS(run.step(true), doctest::Contains("before any good state was kept"), nitro::Error);
+
+  Run skipping({.on_nonfinite = st::Action::skip, .check_every = 1}, /*skip_nonfinite=*/true);
+  skipping.step();
+  CHECK(skipping.step(/*nan_loss=*/true).skipped);
+  CHECK(skipping.loop.hook<st::Guard>().counts().nonfinite == 1);
+  CHECK(skipping.loop.hook<st::Guard>().counts().skipped == 1);
+}

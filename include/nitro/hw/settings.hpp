@@ -313,17 +313,20 @@ class ScopedSettings {
     std::vector<std::pair<pid_t, int>> before;
     for (pid_t t : threads)
       if (auto v = detail::nice_of(t)) before.emplace_back(t, *v);
-    int lowest = value;
-    for (const auto& [t, v] : before) lowest = std::min(lowest, v);
+    int lowest = value, highest = value;
+    for (const auto& [t, v] : before) {
+      lowest = std::min(lowest, v);
+      highest = std::max(highest, v);
+    }
     bool lowers = false, raises = false;
     for (const auto& [t, v] : before) {
       lowers = lowers || value < v;
       raises = raises || value > v;
     }
     if (lowers)
-      NITRO_CHECK(detail::may_lower_nice_to(value), "hw::Settings: nice ", value, " is below the current ",
-                  before.empty() ? 0 : before.front().second, " and this process may not lower its nice value "
-                  "(it needs CAP_SYS_NICE, or RLIMIT_NICE >= ", 20 - value, "); give a value >= the current one");
+      NITRO_CHECK(detail::may_lower_nice_to(value), "hw::Settings: nice ", value, " is below a thread's current ",
+                  highest, " and this process may not lower a nice value (it needs CAP_SYS_NICE, or RLIMIT_NICE >= ",
+                  20 - value, "); give a value >= ", highest);
     if (raises)
       NITRO_CHECK(detail::may_lower_nice_to(lowest), "hw::Settings: nice ", value, " could not be undone at the "
                   "end of the scope: going back to ", lowest, " needs CAP_SYS_NICE or RLIMIT_NICE >= ", 20 - lowest,

@@ -180,11 +180,14 @@ Summary summarize(Loop& loop, std::optional<data::PipelineStats> pipeline = std:
   Summary::LoopFacts f;
   f.mixed_precision = Loop::amp_policy::enabled;
   f.fused_optimizer = loop.fused_optimizer();
+  // A weight that is both layouts at once (1x1 kernels, one input channel, depthwise) says nothing.
   bool all_channels_last = true;
   for (const auto& p : loop.model().parameters()) {
     if (p.dim() != 4) continue;
     f.conv = true;
-    all_channels_last = all_channels_last && p.is_contiguous(c10::MemoryFormat::ChannelsLast) && !p.is_contiguous();
+    const bool cl = p.is_contiguous(c10::MemoryFormat::ChannelsLast);
+    if (cl && p.is_contiguous()) continue;
+    all_channels_last = all_channels_last && cl;
   }
   f.channels_last = f.conv && all_channels_last;
   loop.for_each_hook([&](auto& h) {

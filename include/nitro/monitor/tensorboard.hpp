@@ -131,7 +131,9 @@ class TensorBoardSink {
   }
   TensorBoardSink(TensorBoardSink&& other) noexcept
       : options_(other.options_), path_(std::move(other.path_)), file_(std::exchange(other.file_, nullptr)),
-        events_(other.events_), bytes_(other.bytes_), closed_(other.closed_) {}
+        events_(other.events_), bytes_(other.bytes_), closed_(other.closed_) {
+    other.closed_ = true;  // a write to the moved-from sink is an error, not silently dropped
+  }
   TensorBoardSink& operator=(TensorBoardSink&&) = delete;
   TensorBoardSink(const TensorBoardSink&) = delete;
   TensorBoardSink& operator=(const TensorBoardSink&) = delete;

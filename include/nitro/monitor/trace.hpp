@@ -14,6 +14,7 @@
 // N small. Only one profiler can be on in a process at a time: a second one is a nitro::Error.
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/error.hpp>
+#include <nitro/core/rank.hpp>
 #include <nitro/train/hooks.hpp>
 
 #include <ATen/record_function.h>
@@ -43,6 +44,8 @@ struct TraceOptions {
   /// Trace (the policy): the first optimizer step recorded (0-based: 0 is the first step), and how many.
   std::int64_t start = 5;
   std::int64_t steps = 3;
+  /// Trace (the policy): record in every process (give each its own path); false: only rank 0.
+  bool every_rank = false;
 };
 
 /// Records from construction to stop() (or destruction) and writes the trace file then.
@@ -115,7 +118,21 @@ class Trace {
   void on_step_begin(Loop& loop) {
     if (loop.pending_micro_batches() != 0) return;  // not the first micro-batch of an optimizer step
     const auto step = loop.optimizer_steps();
-    if (step == o_.start && !scope_ && !done_) scope_.emplace(o_);
+    if (step == o_.start && !scope_ && !done_) {
+      // A trace is a view of the run, never a reason for a step to fail: one process (rank 0) records,
+      // and a profiler already on elsewhere (another loop's trace) means this one is not recorded.
+      if (!o_.every_rank && !nitro::is_main_process()) {
+        done_ = true;
+        note_ = "not recorded in this process (rank 0 records)";
+        return;
+      }
+      if (torch::profiler::impl::profilerEnabled()) {
+        done_ = true;
+        note_ = "not recorded: another profiler was recording at step " + std::to_string(step);
+        return;
+      }
+      scope_.emplace(o_);
+    }
     if (scope_ && !mark_) {
       mark_.emplace(at::RecordScope::USER_SCOPE);
       mark_name_ = "ProfilerStep#" + std::to_string(step);
@@ -136,6 +153,7 @@ class Trace {
   /// The trace was written.
   [[nodiscard]] bool done() const noexcept { return done_; }
   [[nodiscard]] std::string report() const {
+    if (!note_.empty()) return "trace: " + note_;
     return done_ ? "trace: steps " + std::to_string(o_.start) + ".." + std::to_string(o_.start + o_.steps - 1) +
                        " in " + o_.path.string() + " (open at https://ui.perfetto.dev)"
                  : "trace: not written yet (steps " + std::to_string(o_.start) + ".." +
@@ -147,6 +165,7 @@ class Trace {
   std::optional<TraceScope> scope_;
   std::optional<at::RecordFunction> mark_;
   std::string mark_name_;  // outlives the mark
+  std::string note_;       // why nothing was recorded
   bool done_ = false;
 };
 

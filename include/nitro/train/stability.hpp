@@ -23,11 +23,15 @@
 //                      and the last good loss (the run stops; the state is left as it is)
 //   skip               the loop itself skips a step whose gradients are non-finite (amp::Fp16, or
 //                      LoopOptions::skip_nonfinite: one flag read per step): the guard counts those
-//                      steps; a non-finite parameter or loss it still finds then raises
-//   none               count only (spikes' default)
-// Spikes: a finite loss more than spike_z standard deviations above the mean of the last
-// spike_window finite losses (once spike_min losses are in the window) is a spike, acted on by
-// on_spike; a spike does not enter the window.
+//                      steps (a non-finite loss makes its gradients non-finite, so it is one of them);
+//                      a non-finite parameter it still finds then raises
+//   none               count only (spikes' default): the check otherwise goes on as a clean one
+// A restore that is followed by another before any clean check counts towards max_restores; past it
+// the guard raises. Spikes: a finite loss more than spike_z standard deviations above the mean of the
+// last spike_window finite losses (once spike_min losses are in the window) is a spike, acted on by
+// on_spike; a spike does not enter the window, but spike_min spikes in a row are a new level of the
+// loss and become the window. The losses are those StepResult carries (every step(), micro-batches
+// included, and graph::Capture's replays).
 //
 // With check_every = 1 the guard reads one small tensor per optimizer step (what LoopOptions::
 // skip_nonfinite costs); the default 10 reads one every 10 (bench_monitor's guard_overhead).
@@ -46,6 +50,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <deque>
@@ -77,10 +82,15 @@ struct GuardOptions {
   double lr_factor = 0.5;
   /// Finite losses in the spike detector's window, >= 2.
   std::int64_t spike_window = 100;
-  /// Losses needed in the window before spikes are looked for, in [2, spike_window].
+  /// Losses needed in the window before spikes are looked for, in [2, spike_window]. So many spikes
+  /// in a row are a new level, not spikes: the window starts again from them.
   std::int64_t spike_min = 20;
-  /// A spike is a loss more than this many standard deviations above the window's mean, > 0.
+  /// A spike is a loss more than this many standard deviations above the window's mean, > 0 (the
+  /// deviation counted as at least 1e-3 of the mean, and 1e-8: a flat loss is no hair trigger).
   double spike_z = 6.0;
+  /// Restores in a row (no clean check between them) before the guard gives up and raises, >= 1:
+  /// a run that diverges again from its last good state does not spin for ever.
+  std::int64_t max_restores = 3;
 };
 
 /// What the guard has seen.
@@ -107,25 +117,22 @@ class Guard {
 
   explicit Guard(const Options& options) : o_(validated(options)) {}
 
+  // At the end of every step() (each micro-batch; also a step replayed by graph::Capture and a batch
+  // accumulate::Adaptive split): its loss is kept, and after an optimizer step the check may run.
   template <class Loop>
-  void after_forward(Loop&, const at::Tensor& loss) {
-    pending_.push_back(loss.detach());
-  }
-
-  template <class Loop>
-  void after_optimizer_step(Loop& loop, StepResult& r) {
+  void on_step_end(Loop& loop, StepResult& r, std::int64_t /*rows*/) {
     if (!checked_setup_) setup(loop);
-    if (r.skipped) {
-      ++counts_.skipped;
-      ++counts_.nonfinite;
+    if (r.loss.defined()) pending_.push_back(r.loss);  // detached already
+    if (r.stepped || r.skipped) {
+      if (r.skipped) {
+        ++counts_.skipped;
+        ++counts_.nonfinite;
+      }
+      if (++since_check_ >= o_.check_every) {
+        since_check_ = 0;
+        check(loop);
+      }
     }
-    if (++since_check_ < o_.check_every) return;
-    since_check_ = 0;
-    check(loop);
-  }
-
-  template <class Loop>
-  void on_step_end(Loop&, StepResult& r, std::int64_t /*rows*/) {
     r.nonfinite_found = counts_.nonfinite;
     r.spikes_found = counts_.spikes;
     r.restores = counts_.restores;
@@ -161,6 +168,13 @@ class Guard {
     s.integers["since_check"] = since_check_;
     std::vector<double> w(window_.begin(), window_.end());
     s.tensors["window"] = at::tensor(w, at::kDouble);
+    // The losses kept since the last check (one read from the device, as saving a snapshot does anyway).
+    std::vector<double> kept(restored_pending_);
+    if (!pending_.empty()) {
+      const auto host = at::cat(pending_as_vectors()).to(at::kDouble).cpu().contiguous();
+      kept.insert(kept.end(), host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+    }
+    s.tensors["kept_losses"] = at::tensor(kept, at::kDouble);
     return s;
   }
   void load_state_dict(const StateDict& s) {
@@ -180,10 +194,21 @@ class Guard {
     NITRO_CHECK(w.dim() == 1 && w.numel() <= o_.spike_window, "stability::Guard::load_state_dict: the spike window "
                 "holds ", w.numel(), " losses, more than spike_window = ", o_.spike_window,
                 "; load a state saved with the same options");
+    std::vector<double> kept;
+    if (const auto it = s.tensors.find("kept_losses"); it != s.tensors.end()) {
+      const auto k = it->second.to(at::kDouble).contiguous();
+      kept.assign(k.data_ptr<double>(), k.data_ptr<double>() + k.numel());
+    }
     counts_ = c;
     since_check_ = since;
     window_.assign(w.data_ptr<double>(), w.data_ptr<double>() + w.numel());
     pending_.clear();
+    restored_pending_ = std::move(kept);
+    recent_spikes_.clear();
+    restores_in_a_row_ = 0;
+    // A state from another point of the run: the kept good state is not its own.
+    backup_.reset();
+    backup_step_ = -1;
   }
 
  private:
@@ -201,6 +226,7 @@ class Guard {
     NITRO_CHECK(o.spike_min >= 2 && o.spike_min <= o.spike_window, "stability::Guard: spike_min must be in [2, ",
                 "spike_window = ", o.spike_window, "], got ", o.spike_min);
     NITRO_CHECK(o.spike_z > 0 && std::isfinite(o.spike_z), "stability::Guard: spike_z must be > 0, got ", o.spike_z);
+    NITRO_CHECK(o.max_restores >= 1, "stability::Guard: max_restores must be >= 1, got ", o.max_restores);
     return o;
   }
 
@@ -225,7 +251,7 @@ class Guard {
     for (const auto& p : loop.model().parameters())
       if (p.defined() && p.numel() > 0) params.push_back(p.detach());
     std::vector<at::Tensor> parts;
-    if (!pending_.empty()) parts.push_back(at::stack(pending_).reshape({-1}).to(at::kDouble));
+    if (!pending_.empty()) parts.push_back(at::cat(pending_as_vectors()).to(at::kDouble));
     const c10::Device device = params.empty() ? c10::Device(c10::kCPU) : params.front().device();
     at::Tensor finite = at::ones({1}, at::TensorOptions().dtype(at::kDouble).device(device));
     if (!params.empty()) {
@@ -237,46 +263,72 @@ class Guard {
     parts.push_back(finite);
     const auto host = at::cat(parts).cpu();
     pending_.clear();
+    std::vector<double> losses(restored_pending_);
+    restored_pending_.clear();
     const auto* v = host.data_ptr<double>();
     const auto n_losses = host.numel() - 1;
+    losses.insert(losses.end(), v, v + n_losses);
     const bool params_finite = v[n_losses] > 0.5;
     bool loss_finite = true, spike = false;
     double last = std::numeric_limits<double>::quiet_NaN();
-    for (std::int64_t i = 0; i < n_losses; ++i) {
-      const double x = v[i];
+    for (const double x : losses) {
       if (!std::isfinite(x)) {
         loss_finite = false;
         continue;
       }
       if (is_spike(x)) {
         spike = true;
+        // So many spikes in a row are a new level of the loss: the window starts again from them.
+        recent_spikes_.push_back(x);
+        if (static_cast<std::int64_t>(recent_spikes_.size()) >= o_.spike_min) {
+          window_.assign(recent_spikes_.begin(), recent_spikes_.end());
+          recent_spikes_.clear();
+        }
         continue;
       }
+      recent_spikes_.clear();
       window_.push_back(x);
       if (static_cast<std::int64_t>(window_.size()) > o_.spike_window) window_.pop_front();
       last = x;
     }
-    if (!params_finite || !loss_finite) {
+    if (!params_finite) {
       ++counts_.nonfinite;
-      if (o_.on_nonfinite == Action::skip && !params_finite)
-        raise(loop, step, "a parameter is not finite although the loop skips non-finite steps");
-      if (o_.on_nonfinite != Action::skip)
-        act(loop, o_.on_nonfinite, step, !loss_finite ? "a non-finite loss" : "a non-finite parameter");
+      if (o_.on_nonfinite == Action::skip)
+        raise(loop, step, "a non-finite parameter although the loop skips non-finite steps");
+      act(loop, o_.on_nonfinite, step, !loss_finite ? "a non-finite loss" : "a non-finite parameter");
+      return;
+    }
+    // With skip, a non-finite loss is a step the loop skipped (counted there); the parameters are finite.
+    if (!loss_finite && o_.on_nonfinite != Action::skip) {
+      ++counts_.nonfinite;
+      act(loop, o_.on_nonfinite, step, "a non-finite loss");
       return;
     }
     if (spike) {
       ++counts_.spikes;
-      act(loop, o_.on_spike, step, "a loss spike");
-      return;
+      if (o_.on_spike != Action::none) {
+        act(loop, o_.on_spike, step, "a loss spike");
+        return;
+      }
     }
+    restores_in_a_row_ = 0;
     if (!std::isnan(last)) {
       counts_.last_good_loss = last;
       counts_.last_good_step = step;
     }
     if ((restores(o_.on_nonfinite) || restores(o_.on_spike)) && (backup_ == nullptr || step - backup_step_ >= o_.backup_every)) {
+      backup_.reset();  // the old copy goes first: never two on the host at once
       backup_ = std::make_unique<memory::StateBackup>(&loop.model(), &loop.optimizer());
       backup_step_ = step;
     }
+  }
+
+  // The kept losses, each flattened (a micro-batch's loss is one element; a user's may be more).
+  std::vector<at::Tensor> pending_as_vectors() const {
+    std::vector<at::Tensor> out;
+    out.reserve(pending_.size());
+    for (const auto& l : pending_) out.push_back(l.reshape({-1}).to(pending_.front().device()));
+    return out;
   }
 
   bool is_spike(double x) const {
@@ -288,7 +340,7 @@ class Guard {
     double var = 0;
     for (double w : window_) var += (w - mean) * (w - mean);
     const double sd = std::sqrt(var / static_cast<double>(n - 1));
-    return x > mean + o_.spike_z * std::max(sd, 1e-12 * std::abs(mean));
+    return x > mean + o_.spike_z * std::max({sd, 1e-3 * std::abs(mean), 1e-8});
   }
 
   template <class Loop>
@@ -298,6 +350,10 @@ class Guard {
     if (backup_ == nullptr)
       raise(loop, step, (std::string(what) + " before any good state was kept to restore (the first clean check "
                          "keeps one)").c_str());
+    if (++restores_in_a_row_ > o_.max_restores)
+      raise(loop, step, (std::string(what) + " again after " + std::to_string(o_.max_restores) +
+                         " restores in a row of the state of step " + std::to_string(backup_step_) +
+                         " (max_restores)").c_str());
     backup_->restore();
     ++counts_.restores;
     if (a == Action::restore_scale_lr) {
@@ -329,6 +385,9 @@ class Guard {
   std::int64_t since_check_ = 0;
   std::unique_ptr<memory::StateBackup> backup_;
   std::int64_t backup_step_ = -1;
+  std::vector<double> restored_pending_;  // kept losses read from a state_dict, checked first
+  std::vector<double> recent_spikes_;     // spikes in a row
+  std::int64_t restores_in_a_row_ = 0;
   bool checked_setup_ = false;
 };
 
