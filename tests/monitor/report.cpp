@@ -182,6 +182,19 @@ TEST_CASE("memory::Watch: past its threshold (the tracking allocator's live byte
   CHECK(s.notes[0].find("memory watch: 7 checks, CPU over its threshold 2 times") == 0);
   CHECK(s.notes[0].find("cleanup called 2 times") != std::string::npos);
 
+  // A threshold below what the run keeps in use: one clean-up, then none until it grows by 5% more.
+  std::int64_t figure = 1000;
+  nitro::memory::Watch low({.rss_bytes = 100, .check_every = 1, .cpu_bytes = [&] { return figure; }},
+                           c10::Device(c10::kCPU));
+  for (int i = 0; i < 5; ++i) low.check();
+  CHECK(low.counts().cpu_cleanups == 1);
+  figure = 1049;
+  low.check();
+  CHECK(low.counts().cpu_cleanups == 1);
+  figure = 1051;
+  low.check();
+  CHECK(low.counts().cpu_cleanups == 2);
+
   CHECK_THROWS_WITH_AS(nitro::memory::Watch({}, c10::Device(c10::kCPU)), doctest::Contains("no threshold is set"),
                        nitro::Error);
   CHECK_THROWS_WITH_AS(nitro::memory::Watch({.cuda_reserved_fraction = 1.5}, c10::Device(c10::kCPU)),

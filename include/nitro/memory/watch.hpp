@@ -11,7 +11,9 @@
 //
 // A check reads the allocator's counters and /proc/self/status (tens of microseconds), never the
 // device: no synchronisation. Emptying the CUDA cache does synchronise (cudaFree), which is why it
-// happens only past the threshold. `cpu_bytes` replaces the resident set as the CPU figure (tests
+// happens only past the threshold, and not again until the memory left after the last clean-up (what
+// is in use) has grown by 5% beyond it: a threshold below what the run needs does not make every
+// check a clean-up. `cpu_bytes` replaces the resident set as the CPU figure (tests
 // use the tracking allocator's live bytes, memory/tracking_allocator.hpp).
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/config.hpp>
@@ -98,28 +100,37 @@ class Watch {
         std::int64_t limit = o_.cuda_reserved_bytes > 0 ? o_.cuda_reserved_bytes : INT64_MAX;
         if (o_.cuda_reserved_fraction > 0 && m->total_bytes > 0)
           limit = std::min(limit, static_cast<std::int64_t>(o_.cuda_reserved_fraction * static_cast<double>(m->total_bytes)));
-        if (m->reserved_bytes > limit) {
+        // Not again while what is left after the last clean-up (tensors in use) is itself above the
+        // threshold: only when it has grown by 5% more (emptying the cache synchronises).
+        if (m->reserved_bytes > std::max(limit, cuda_floor_ + cuda_floor_ / 20)) {
 #if NITRO_WITH_CUDA
           c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
           ++counts_.cuda_cache_emptied;
           counts_.last_cuda_reserved_bytes = m->reserved_bytes;
+          if (const auto after = cuda_memory(device_.index())) cuda_floor_ = after->reserved_bytes;
           passed = true;
         }
       }
     }
     if (o_.rss_bytes > 0) {
-      const std::int64_t now = o_.cpu_bytes ? o_.cpu_bytes() : resident_bytes();
-      if (now > o_.rss_bytes) {
+      const auto cpu_now = [&] { return o_.cpu_bytes ? o_.cpu_bytes() : resident_bytes(); };
+      const std::int64_t now = cpu_now();
+      if (now > std::max(o_.rss_bytes, cpu_floor_ + cpu_floor_ / 20)) {
         ::malloc_trim(0);
         ++counts_.cpu_cleanups;
         counts_.last_cpu_bytes = now;
         passed = true;
+        cpu_after_ = true;  // the floor is read after the user's cleanup too
       }
     }
     if (passed && o_.cleanup) {
       ++counts_.cleanup_calls;
       o_.cleanup();
+    }
+    if (cpu_after_) {
+      cpu_floor_ = o_.cpu_bytes ? o_.cpu_bytes() : resident_bytes();
+      cpu_after_ = false;
     }
   }
 
@@ -144,6 +155,8 @@ class Watch {
   c10::Device device_;
   WatchCounts counts_;
   std::int64_t since_ = 0;
+  std::int64_t cuda_floor_ = 0, cpu_floor_ = 0;  // what was left after the last clean-up
+  bool cpu_after_ = false;
 };
 
 }  // namespace nitro::memory
