@@ -71,7 +71,7 @@ TEST_CASE("augment: ColorJitter follows torchvision's brightness, contrast and s
   const auto x = images(4);
   const auto k = keys({3, 1, 4, 1});
   const auto gray = [](const at::Tensor& t) {
-    return (0.299 * t.select(1, 0) + 0.587 * t.select(1, 1) + 0.114 * t.select(1, 2)).unsqueeze(1);
+    return (0.2989 * t.select(1, 0) + 0.587 * t.select(1, 1) + 0.114 * t.select(1, 2)).unsqueeze(1);
   };
   const auto out = aug::ColorJitter{.brightness = 0.4, .contrast = 0.3, .saturation = 0.5}(x, k, 3);
   for (int64_t i = 0; i < 4; ++i) {
@@ -431,4 +431,21 @@ TEST_CASE("augment boxes: boxes of the wrong shape, dtype or count throw nitro::
   CHECK_THROWS_WITH_AS((aug::RandomResizedCrop{.height = 4, .width = 4}(x, {good}, k, 0)),
                        doctest::Contains("one box tensor per sample"), nitro::Error);
   CHECK_NOTHROW(pipeline(x, {good, torch::zeros({0, 5})}, k));
+}
+
+TEST_CASE("augment: an empty batch passes every stage, and ToFloat scales by the integer type's range") {
+  const auto empty = torch::zeros({0, 3, 16, 16}, at::kByte);
+  aug::Compose<aug::ToFloat, aug::RandomResizedCrop, aug::HFlip, aug::Rotate90, aug::ColorJitter, aug::GaussianNoise,
+               aug::GaussianBlur, aug::Normalize>
+      all{{}, {.height = 8, .width = 8}, {}, {}, {.brightness = 0.4, .hue = 0.1}, {}, {}, {}};
+  const auto out = all(empty, keys(std::vector<int64_t>{}));
+  CHECK(out.size(0) == 0);
+  CHECK(out.size(1) == 3);
+  CHECK(out.scalar_type() == at::kFloat);
+  // uint8 / 255 and uint16 / 65535; another integer type is refused, not divided by 255.
+  const auto k = keys({0});
+  CHECK(aug::ToFloat{}(torch::full({1, 1, 1, 1}, 255, at::kByte), k, 0).item<float>() == 1.0f);
+  CHECK(aug::ToFloat{}(torch::full({1, 1, 1, 1}, 65535, at::kInt).to(at::kUInt16), k, 0).item<float>() == 1.0f);
+  CHECK_THROWS_WITH_AS(aug::ToFloat{}(torch::full({1, 1, 1, 1}, 1000, at::kInt), k, 0),
+                       doctest::Contains("expected uint8 or uint16 images"), nitro::Error);
 }

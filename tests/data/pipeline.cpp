@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -40,6 +41,47 @@ struct Numbers : torch::data::datasets::Dataset<Numbers> {
   }
   std::optional<std::size_t> size() const override { return n; }
 };
+// Keeps a reference to every batch it makes (shared by the workers' copies), so a test can see which
+// are still held elsewhere; the batch holding index `fail_at` throws after a pause.
+struct KeptBatches : torch::data::datasets::BatchDataset<KeptBatches, at::Tensor, std::vector<std::size_t>> {
+  struct Made {
+    std::mutex mutex;
+    std::vector<at::Tensor> batches;
+  };
+  std::size_t n = 0;
+  std::int64_t fail_at = -1;
+  std::shared_ptr<Made> made = std::make_shared<Made>();
+  at::Tensor get_batch(std::vector<std::size_t> indices) override {
+    for (auto i : indices)
+      if (static_cast<std::int64_t>(i) == fail_at) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the later batches are made meanwhile
+        throw std::runtime_error("bad sample " + std::to_string(i));
+      }
+    auto t = torch::tensor(std::vector<std::int64_t>(indices.begin(), indices.end()));
+    std::lock_guard guard(made->mutex);
+    made->batches.push_back(t);
+    return t;
+  }
+  std::optional<std::size_t> size() const override { return n; }
+  // Waits up to 5 s until no batch but those in `kept` is held outside this record; true if so.
+  bool only_kept_held(const std::vector<at::Tensor>& kept) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    for (;;) {
+      bool held = false;
+      {
+        std::lock_guard guard(made->mutex);
+        for (const auto& t : made->batches) {
+          const bool mine = std::any_of(kept.begin(), kept.end(), [&](const at::Tensor& k) { return k.is_same(t); });
+          held = held || (!mine && t.use_count() > 1);
+        }
+      }
+      if (!held) return true;
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+};
+
 using Stacked = torch::data::datasets::MapDataset<Numbers, torch::data::transforms::Stack<>>;
 Stacked stacked(std::size_t n) { return Numbers(n).map(torch::data::transforms::Stack<>()); }
 
@@ -150,6 +192,24 @@ TEST_CASE("pipeline: a stage's error reaches the consumer at its item, and the n
   CHECK(values(*p.next()) == Indices{0, 1, 2, 3});
 }
 
+TEST_CASE("pipeline: items made past an error are freed when it ends the epoch") {
+  KeptBatches data;
+  data.n = 100;
+  data.fail_at = 10;  // batch 1 fails in the read stage, after later batches went on through the stages
+  const auto id = [](at::Tensor t) { return t; };
+  auto p = data::pipeline(nitro::from_dataset(data, torch::data::samplers::SequentialSampler(data.n), 10),
+                          {.workers = 3, .queue = 4}, data::stage({.name = "a", .queue = 4}, id),
+                          data::stage({.name = "b", .queue = 4}, id));
+  CHECK(values(*p.next()).front() == 0);
+  CHECK_THROWS_WITH_AS(p.next(), "bad sample 10", std::runtime_error);
+  {
+    std::lock_guard guard(data.made->mutex);
+    CHECK(data.made->batches.size() >= 3);
+  }
+  CHECK(data.only_kept_held({}));
+  CHECK_FALSE(p.next().has_value());
+}
+
 TEST_CASE("pipeline: 3 epochs on one set of threads, the same batches as 3 separate pipelines") {
   constexpr std::size_t n = 30, batch = 5;
   const int before = reader_threads.load();
@@ -237,6 +297,17 @@ TEST_CASE("pipeline: the stats name the slow stage, and so does the monitor's ad
   CHECK(advice[0].text().find("slowest stage is 'decode'") != std::string::npos);
   CHECK(advice[0].suggestion.find("give stage 'decode' more workers") != std::string::npos);
   CHECK(nitro::monitor::format(s).find("data pipeline:") != std::string::npos);
+
+  // A pipeline that kept up (its consumer hardly waited): no stage is blamed for the step's wait.
+  auto kept_up = slow_decode;
+  kept_up.consumer_wait_s = 0.01 * kept_up.seconds;
+  s.pipeline = kept_up;
+  const auto after = nitro::monitor::bottlenecks(s);
+  REQUIRE_FALSE(after.empty());
+  CHECK(after[0].kind == nitro::monitor::Bottleneck::data);
+  CHECK(after[0].text().find("the pipeline keeps up") != std::string::npos);
+  CHECK(after[0].text().find("decode") == std::string::npos);
+  CHECK(after[0].suggestion.find("prefetcher's transform") != std::string::npos);
 }
 
 TEST_CASE("pipeline: options are checked, and destroying it mid-epoch returns promptly") {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -39,6 +40,47 @@ struct SlowIndices : torch::data::datasets::BatchDataset<SlowIndices, at::Tensor
     return torch::tensor(v);
   }
   std::optional<std::size_t> size() const override { return n; }
+};
+
+// Keeps a reference to every batch it makes (shared by the workers' copies), so a test can see which
+// are still held elsewhere; the batch holding index `fail_at` throws after a pause.
+struct KeptBatches : torch::data::datasets::BatchDataset<KeptBatches, at::Tensor, std::vector<std::size_t>> {
+  struct Made {
+    std::mutex mutex;
+    std::vector<at::Tensor> batches;
+  };
+  std::size_t n = 0;
+  std::int64_t fail_at = -1;
+  std::shared_ptr<Made> made = std::make_shared<Made>();
+  at::Tensor get_batch(std::vector<std::size_t> indices) override {
+    for (auto i : indices)
+      if (static_cast<std::int64_t>(i) == fail_at) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the later batches are made meanwhile
+        throw std::runtime_error("bad sample " + std::to_string(i));
+      }
+    auto t = torch::tensor(std::vector<std::int64_t>(indices.begin(), indices.end()));
+    std::lock_guard guard(made->mutex);
+    made->batches.push_back(t);
+    return t;
+  }
+  std::optional<std::size_t> size() const override { return n; }
+  // Waits up to 5 s until no batch but those in `kept` is held outside this record; true if so.
+  bool only_kept_held(const std::vector<at::Tensor>& kept) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    for (;;) {
+      bool held = false;
+      {
+        std::lock_guard guard(made->mutex);
+        for (const auto& t : made->batches) {
+          const bool mine = std::any_of(kept.begin(), kept.end(), [&](const at::Tensor& k) { return k.is_same(t); });
+          held = held || (!mine && t.use_count() > 1);
+        }
+      }
+      if (!held) return true;
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
 };
 
 std::vector<std::int64_t> values(const at::Tensor& t) {
@@ -136,6 +178,22 @@ TEST_CASE("an exception from the source reaches the consumer at its batch") {
   }
 }
 
+TEST_CASE("batches made past an error are freed when it ends the epoch, not kept until set_epoch") {
+  KeptBatches data;
+  data.n = 100;
+  data.fail_at = 10;  // batch 1 fails, after the workers made batches 2.. ahead
+  auto p = nitro::prefetch<nitro::Cpu>(
+      nitro::from_dataset(data, torch::data::samplers::SequentialSampler(data.n), 10), {.depth = 4, .workers = 4});
+  CHECK(values(*p.next()).front() == 0);
+  CHECK_THROWS_WITH_AS(p.next(), "bad sample 10", std::runtime_error);
+  {
+    std::lock_guard guard(data.made->mutex);
+    CHECK(data.made->batches.size() >= 3);  // some were made ahead
+  }
+  CHECK(data.only_kept_held({}));
+  CHECK_FALSE(p.next().has_value());
+}
+
 TEST_CASE("destroying the prefetcher mid-epoch stops its busy workers promptly") {
   std::atomic<int> made{0};
   struct Slow : torch::data::datasets::BatchDataset<Slow, at::Tensor, std::vector<std::size_t>> {
@@ -196,6 +254,30 @@ TEST_CASE("a torch::data loader feeds the prefetcher the same batches it gives d
     ++i;
   }
   CHECK(i == direct.size());
+}
+
+TEST_CASE("set_epoch on a loader with workers drops the rest of the pass and begins the next") {
+  // torch's DataLoader refuses a new begin() while the old pass has jobs in flight: set_epoch mid-epoch
+  // must read the old pass out first.
+  nitro::data::SyntheticImages images{{.size = 40, .seed = 5}};
+  auto loader = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
+      images.map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4).workers(2));
+  nitro::Prefetcher<nitro::Cpu, nitro::LoaderSource<std::remove_reference_t<decltype(*loader)>>> p{
+      nitro::from_loader(*loader), {.depth = 2}};
+  REQUIRE(p.next().has_value());  // one batch of epoch 0 taken, the rest in flight
+  for (int e = 1; e <= 3; ++e) {
+    p.set_epoch(e);
+    int got = 0;
+    std::int64_t first = -1;
+    while (auto b = p.next()) {
+      if (got == 0) first = b->target[0].item<std::int64_t>();
+      ++got;
+    }
+    CHECK(got == 10);
+    CHECK(first == images.get(0).target.item<std::int64_t>());
+    p.set_epoch(e + 10);  // and mid-epoch again
+    REQUIRE(p.next().has_value());
+  }
 }
 
 TEST_CASE("the transform runs on each batch") {

@@ -159,12 +159,16 @@ concept TransformsBoxes = requires(const S& s, const at::Tensor& x, const Boxes&
 template <class S>
 concept KeepsGeometry = requires { requires !S::geometric; };
 
-/// uint8 -> float32 in [0, 1].
+/// uint8 (or uint16) -> float32 in [0, 1]; floating images pass unchanged.
 struct ToFloat {
   static constexpr bool geometric = false;
   at::Tensor operator()(const at::Tensor& x, const Keys&, int) const {
     detail::check_images(x, "ToFloat", false);
-    return x.is_floating_point() ? x : x.to(at::kFloat).div_(255.0);
+    if (x.is_floating_point()) return x;
+    NITRO_CHECK(x.scalar_type() == at::kByte || x.scalar_type() == at::kUInt16,
+                "data::augment::ToFloat: expected uint8 or uint16 images (scaled by 255 or 65535) or floating ones, "
+                "got ", x.scalar_type(), "; convert them to float in [0, 1] first");
+    return x.to(at::kFloat).div_(x.scalar_type() == at::kByte ? 255.0 : 65535.0);
   }
 };
 static_assert(KeepsGeometry<ToFloat>);
@@ -482,10 +486,10 @@ struct ColorJitter {
     return at::stack({pick({v, q, p, p, t, v}), pick({t, v, v, q, p, p}), pick({p, p, t, v, v, q})}, 1);
   }
 
-  /// torchvision's rgb_to_grayscale: 0.299 R + 0.587 G + 0.114 B, [N, 1, H, W].
+  /// torchvision's rgb_to_grayscale: 0.2989 R + 0.587 G + 0.114 B, [N, 1, H, W].
   static at::Tensor gray(const at::Tensor& x) {
     NITRO_CHECK(x.size(1) == 3, "data::augment::ColorJitter: needs RGB images (3 channels), got ", x.size(1));
-    return (0.299 * x.select(1, 0) + 0.587 * x.select(1, 1) + 0.114 * x.select(1, 2)).unsqueeze(1);
+    return (0.2989 * x.select(1, 0) + 0.587 * x.select(1, 1) + 0.114 * x.select(1, 2)).unsqueeze(1);
   }
 };
 static_assert(KeepsGeometry<ColorJitter>);
@@ -497,6 +501,7 @@ struct GaussianNoise {
   at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
     detail::check_images(x, "GaussianNoise", true);
     NITRO_CHECK(std >= 0, "data::augment::GaussianNoise: std must be >= 0, got ", std);
+    if (x.size(0) == 0 || x.numel() == 0) return x;
     const int64_t N = x.size(0), E = x[0].numel();
     auto r = detail::rngs(keys, N, stage);
     std::vector<int64_t> k1, k2;
@@ -531,6 +536,7 @@ struct GaussianBlur {
                 "data::augment::GaussianBlur: kernel must be odd, >= 1 and less than twice the image's side, got ",
                 kernel);
     NITRO_CHECK(0 < sigma_min && sigma_min <= sigma_max, "data::augment::GaussianBlur: needs 0 < sigma_min <= sigma_max");
+    if (x.size(0) == 0) return x;
     const int64_t N = x.size(0), C = x.size(1);
     auto r = detail::rngs(keys, N, stage);
     const auto o = at::TensorOptions().dtype(at::kDouble);

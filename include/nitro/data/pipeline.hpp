@@ -67,7 +67,9 @@ struct StageOptions {
 struct StageContext {
   /// The epoch the item belongs to (the pipeline's set_epoch).
   std::int64_t epoch = 0;
-  /// The item's position in its epoch (0, 1, ...).
+  /// The item's number since the pipeline last (re)started: 0, 1, ... from each set_epoch or rewind.
+  /// After a resume mid-epoch it counts from the resumed point, not from the epoch's start, so do not
+  /// key random draws on it: use the samples' own indices (e.g. data::RecordBatch::index).
   std::uint64_t position = 0;
 };
 
@@ -293,10 +295,22 @@ class Pipeline {
     template <std::size_t K>
     void deposit(std::uint64_t s, std::uint64_t gen, detail::PipeItem<item_t<K>>&& item) {
       if (gen == generation && s < end) {
-        if (item.error) end = std::min(end, s + 1);
+        if (item.error && s + 1 < end) {
+          end = s + 1;
+          drop_past_end(std::make_index_sequence<stage_count>{});
+        }
         std::get<K>(rings).slots[s % std::get<K>(rings).slots.size()] = std::move(item);
       }
       --busy;
+    }
+    // Items already made past a lowered end (after an error) are freed now, not at the next restart.
+    template <std::size_t... K>
+    void drop_past_end(std::index_sequence<K...>) {
+      const auto drop = [this](auto& ring) {
+        for (auto k = std::max(end, ring.head); k < ring.head + ring.slots.size(); ++k)
+          ring.slots[k % ring.slots.size()].reset();
+      };
+      (drop(std::get<K>(rings)), ...);
     }
 
     void read_worker() {

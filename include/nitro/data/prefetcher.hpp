@@ -320,11 +320,23 @@ class Prefetcher {
 
   // Stores item s (if any; not past the epoch's end, which set_epoch may have moved) and, when `end`
   // is given, ends the epoch there.
+  // Batches already made past a lowered end are dropped now, not kept until set_epoch (freed outside
+  // the lock).
   void finish(std::uint64_t s, std::optional<Item> item, std::uint64_t end) {
+    std::vector<Item> dropped;
     {
       std::lock_guard guard(mutex_);
       if (item && s < end_) ring_[s % window_] = std::move(*item);
-      end_ = std::min(end_, end);
+      if (end < end_) {
+        const auto last = std::min(end_, next_out_ + window_);
+        for (auto k = std::max(end, next_out_); k < last; ++k) {
+          if (auto& slot = ring_[k % window_]) {
+            dropped.push_back(std::move(*slot));
+            slot.reset();
+          }
+        }
+        end_ = end;
+      }
       if (--busy_ == 0) idle_.notify_all();
     }
     ready_.notify_all();

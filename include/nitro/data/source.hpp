@@ -88,7 +88,20 @@ class LoaderSource {
   }
   batch_type produce(ticket_type&& batch) { return std::move(batch); }
   /// A new epoch: the loader is begun again (its own sampler decides the order; `epoch` is not used).
-  void set_epoch(std::int64_t /*epoch*/) { it_.reset(); }
+  /// A loader with workers refuses a new pass while the old one has batches in flight, so what is left
+  /// of the old pass is read and dropped first (its errors too: they belonged to the epoch left).
+  void set_epoch(std::int64_t /*epoch*/) {
+    if (it_) {
+      for (;;) {
+        try {
+          if (*it_ == loader_->end()) break;
+          ++*it_;
+        } catch (...) {  // a failed batch of the pass being dropped: go on draining
+        }
+      }
+    }
+    it_.reset();
+  }
 
  private:
   Loader* loader_;

@@ -295,7 +295,15 @@ inline std::vector<Advice> bottlenecks(const Summary& s, const AdviceOptions& o 
     std::snprintf(buf, sizeof buf, "data-bound: the step waits %.1f ms for data, %.0f%% of a %.1f ms step",
                   data.mean_ms, 100.0 * data.share, s.step.mean_ms);
     const auto slowest = s.pipeline ? s.pipeline->bottleneck() : -1;
-    if (slowest >= 0) {
+    if (slowest >= 0 && s.pipeline->consumer_wait_share() < data::PipelineStats::keeps_up) {
+      // The pipeline had each item ready when asked: the wait is after it (the prefetcher's work).
+      std::string finding = buf;
+      std::snprintf(buf, sizeof buf, "; the pipeline keeps up (its consumer waited %.0f%% of the time)",
+                    100.0 * s.pipeline->consumer_wait_share());
+      out.push_back({Bottleneck::data, finding + buf,
+                     "the wait is after the pipeline: lighten the prefetcher's transform (or move it to the GPU's "
+                     "copy stream), raise its depth, or give it more workers"});
+    } else if (slowest >= 0) {
       const auto& stage = s.pipeline->stages[static_cast<std::size_t>(slowest)];
       std::string finding = buf;
       std::snprintf(buf, sizeof buf, "; the pipeline's slowest stage is '%s' (busy %.0f%% of its %zu worker(s)' time, "
