@@ -442,6 +442,16 @@ TEST_CASE("augment: an empty batch passes every stage, and ToFloat scales by the
   CHECK(out.size(0) == 0);
   CHECK(out.size(1) == 3);
   CHECK(out.scalar_type() == at::kFloat);
+  // Images with no channels or no pixels are blurred to themselves; the kernel still has to fit real images.
+  CHECK(aug::GaussianBlur{}(torch::zeros({2, 0, 16, 16}), keys({0, 1}), 0).sizes() == at::IntArrayRef{2, 0, 16, 16});
+  CHECK(aug::GaussianBlur{}(torch::zeros({2, 3, 0, 0}), keys({0, 1}), 0).sizes() == at::IntArrayRef{2, 3, 0, 0});
+  CHECK_THROWS_WITH_AS(aug::GaussianBlur{.kernel = 9}(torch::zeros({1, 3, 4, 4}), keys({0}), 0),
+                       doctest::Contains("less than twice the image's side"), nitro::Error);
+  // Keys that do not match the batch are refused even when there is nothing to draw for.
+  CHECK_THROWS_WITH_AS(aug::GaussianBlur{}(torch::zeros({2, 0, 16, 16}), keys({0}), 0),
+                       doctest::Contains("one data-set index per sample"), nitro::Error);
+  CHECK_THROWS_WITH_AS(aug::GaussianNoise{}(torch::zeros({2, 3, 0, 0}), keys({0}), 0),
+                       doctest::Contains("one data-set index per sample"), nitro::Error);
   // uint8 / 255 and uint16 / 65535; another integer type is refused, not divided by 255.
   const auto k = keys({0});
   CHECK(aug::ToFloat{}(torch::full({1, 1, 1, 1}, 255, at::kByte), k, 0).item<float>() == 1.0f);

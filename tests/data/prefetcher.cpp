@@ -1,10 +1,13 @@
 // nitro::Prefetcher: order, exactly-once delivery, exceptions at their position, early destruction,
 // bounded memory, the three kinds of source, bad options, and on a GPU the data arriving intact.
 #include "testing.hpp"
+#include "data/kept_batches.hpp"
 
+#include <nitro/data/pipeline.hpp>
 #include <nitro/data/prefetcher.hpp>
 #include <nitro/data/synthetic.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -42,46 +45,6 @@ struct SlowIndices : torch::data::datasets::BatchDataset<SlowIndices, at::Tensor
   std::optional<std::size_t> size() const override { return n; }
 };
 
-// Keeps a reference to every batch it makes (shared by the workers' copies), so a test can see which
-// are still held elsewhere; the batch holding index `fail_at` throws after a pause.
-struct KeptBatches : torch::data::datasets::BatchDataset<KeptBatches, at::Tensor, std::vector<std::size_t>> {
-  struct Made {
-    std::mutex mutex;
-    std::vector<at::Tensor> batches;
-  };
-  std::size_t n = 0;
-  std::int64_t fail_at = -1;
-  std::shared_ptr<Made> made = std::make_shared<Made>();
-  at::Tensor get_batch(std::vector<std::size_t> indices) override {
-    for (auto i : indices)
-      if (static_cast<std::int64_t>(i) == fail_at) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the later batches are made meanwhile
-        throw std::runtime_error("bad sample " + std::to_string(i));
-      }
-    auto t = torch::tensor(std::vector<std::int64_t>(indices.begin(), indices.end()));
-    std::lock_guard guard(made->mutex);
-    made->batches.push_back(t);
-    return t;
-  }
-  std::optional<std::size_t> size() const override { return n; }
-  // Waits up to 5 s until no batch but those in `kept` is held outside this record; true if so.
-  bool only_kept_held(const std::vector<at::Tensor>& kept) const {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    for (;;) {
-      bool held = false;
-      {
-        std::lock_guard guard(made->mutex);
-        for (const auto& t : made->batches) {
-          const bool mine = std::any_of(kept.begin(), kept.end(), [&](const at::Tensor& k) { return k.is_same(t); });
-          held = held || (!mine && t.use_count() > 1);
-        }
-      }
-      if (!held) return true;
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-  }
-};
 
 std::vector<std::int64_t> values(const at::Tensor& t) {
   auto c = t.contiguous();
@@ -179,7 +142,7 @@ TEST_CASE("an exception from the source reaches the consumer at its batch") {
 }
 
 TEST_CASE("batches made past an error are freed when it ends the epoch, not kept until set_epoch") {
-  KeptBatches data;
+  nitro::test::KeptBatches data;
   data.n = 100;
   data.fail_at = 10;  // batch 1 fails, after the workers made batches 2.. ahead
   auto p = nitro::prefetch<nitro::Cpu>(
@@ -278,6 +241,224 @@ TEST_CASE("set_epoch on a loader with workers drops the rest of the pass and beg
     p.set_epoch(e + 10);  // and mid-epoch again
     REQUIRE(p.next().has_value());
   }
+}
+
+namespace {
+
+// Sample i holds i; every sample of the batch holding `fail_at` throws; `gets` counts samples read.
+struct Counted : torch::data::datasets::Dataset<Counted> {
+  std::size_t n = 40;
+  std::int64_t fail_at = -1;
+  std::shared_ptr<std::atomic<int>> gets = std::make_shared<std::atomic<int>>(0);
+  torch::data::Example<> get(std::size_t i) override {
+    ++*gets;
+    if (fail_at >= 0 && i / 4 == static_cast<std::size_t>(fail_at) / 4) throw std::runtime_error("bad sample");
+    const auto v = static_cast<std::int64_t>(i);
+    return {torch::tensor(v), torch::tensor(v)};
+  }
+  [[nodiscard]] std::optional<std::size_t> size() const override { return n; }
+};
+
+// A stateful reader of 6 batches (batch k holds k), begun again by reset(); torch's workers share it.
+struct Records : torch::data::datasets::StatefulDataset<Records, at::Tensor, std::size_t> {
+  std::shared_ptr<std::atomic<std::int64_t>> pos = std::make_shared<std::atomic<std::int64_t>>(0);
+  std::optional<at::Tensor> get_batch(std::size_t n) override {
+    const auto k = (*pos)++;
+    if (k >= 6) return std::nullopt;
+    return torch::full({static_cast<std::int64_t>(n)}, k);
+  }
+  [[nodiscard]] std::optional<std::size_t> size() const override { return std::nullopt; }
+  void reset() override { *pos = 0; }
+  void save(torch::serialize::OutputArchive&) const override {}
+  void load(torch::serialize::InputArchive&) override {}
+};
+
+template <class Source>
+std::int64_t first_of(Source& source) {
+  auto b = source.claim();
+  if (!b) return -1;
+  if constexpr (requires { b->data; }) {
+    REQUIRE(b->data.defined());
+    return b->data[0].template item<std::int64_t>();
+  } else {
+    return (*b)[0].template item<std::int64_t>();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a loader's failed batch is the error of its own claim: the batches before it arrive, the next goes on") {
+  for (const std::size_t workers : {0, 2}) {
+    CAPTURE(workers);
+    Counted data;
+    data.n = 24;
+    data.fail_at = 12;  // batch 3 of 6
+    auto loader = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
+        data.map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4).workers(workers));
+    auto source = nitro::from_loader(*loader);
+    CHECK(first_of(source) == 0);
+    CHECK(first_of(source) == 4);
+    CHECK(first_of(source) == 8);
+    CHECK_THROWS_AS(first_of(source), std::exception);
+    CHECK(first_of(source) == 16);  // the batch after the failed one, not the one before again
+    CHECK(first_of(source) == 20);
+    CHECK(first_of(source) == -1);
+
+    // Through a prefetcher: batches 0-2, then the error, which ends the epoch; the next epoch is whole.
+    nitro::Prefetcher<nitro::Cpu, nitro::LoaderSource<std::remove_reference_t<decltype(*loader)>>> p{
+        nitro::from_loader(*loader), {.depth = 2}};
+    for (int e = 0; e < 2; ++e) {
+      p.set_epoch(e);
+      for (const std::int64_t want : {0, 4, 8}) {
+        auto b = p.next();
+        REQUIRE(b.has_value());
+        CHECK(b->data[0].item<std::int64_t>() == want);
+      }
+      CHECK_THROWS_AS(p.next(), std::exception);
+      CHECK_FALSE(p.next().has_value());
+    }
+  }
+}
+
+TEST_CASE("set_epoch on a loader without workers begins again at once, with workers after the jobs in flight") {
+  for (const std::size_t workers : {0, 2}) {
+    CAPTURE(workers);
+    Counted data;  // 10 batches of 4
+    auto loader = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
+        data.map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4).workers(workers));
+    auto source = nitro::from_loader(*loader);
+    CHECK(first_of(source) == 0);
+    CHECK(first_of(source) == 4);
+    source.set_epoch(1);
+    // Without workers nothing more of the old pass is read; with them at most the jobs torch had
+    // queued (4 ahead, one more per batch taken: 6 batches of 4), not the rest of the pass (40).
+    if (workers == 0) {
+      CHECK(*data.gets == 8);
+    } else {
+      CHECK(*data.gets >= 8);
+      CHECK(*data.gets <= 24);
+    }
+    CHECK(first_of(source) == 0);
+    CHECK(first_of(source) == 4);
+  }
+  // A stateful loader: begin() resets the data set; with workers, after the jobs in flight.
+  for (const std::size_t workers : {0, 2}) {
+    CAPTURE(workers);
+    auto loader = torch::data::make_data_loader(Records{}, torch::data::DataLoaderOptions(3).workers(workers));
+    auto source = nitro::from_loader(*loader);
+    CHECK(first_of(source) >= 0);
+    CHECK(first_of(source) >= 0);
+    source.set_epoch(1);
+    std::vector<std::int64_t> got;  // workers may finish the batches in any order
+    for (auto k = first_of(source); k >= 0; k = first_of(source)) got.push_back(k);
+    std::sort(got.begin(), got.end());
+    CHECK(got == std::vector<std::int64_t>{0, 1, 2, 3, 4, 5});
+  }
+}
+
+TEST_CASE("a prefetcher or pipeline over a loader, destroyed mid-epoch, leaves the loader ready for a new pass") {
+  // torch refuses begin() while a pass has jobs in flight: the source ends its pass when destroyed.
+  static_assert(nitro::detail::LoaderInternals<torch::data::StatelessDataLoader<
+                    torch::data::datasets::MapDataset<Counted, torch::data::transforms::Stack<>>,
+                    torch::data::samplers::SequentialSampler>>::reachable());
+  Counted data;  // 10 batches of 4
+  auto loader = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
+      data.map(torch::data::transforms::Stack<>()), torch::data::DataLoaderOptions(4).workers(2));
+  auto whole_pass = [&] {
+    std::vector<std::int64_t> firsts;
+    for (auto& b : *loader) firsts.push_back(b.data[0].item<std::int64_t>());
+    return firsts;
+  };
+  const std::vector<std::int64_t> all{0, 4, 8, 12, 16, 20, 24, 28, 32, 36};
+  {
+    auto p = nitro::prefetch<nitro::Cpu>(nitro::from_loader(*loader), {.depth = 2});
+    REQUIRE(p.next().has_value());
+  }
+  CHECK(*data.gets < 40);  // the rest of the pass was not read
+  CHECK(whole_pass() == all);
+  {
+    auto pipe = nitro::data::pipeline(nitro::from_loader(*loader), {.name = "read"},
+                                      nitro::data::stage({.name = "same"}, [](torch::data::Example<> b) { return b; }));
+    REQUIRE(pipe.next().has_value());
+  }
+  CHECK(whole_pass() == all);
+  {  // a source moved from does not end the pass of the one it moved to
+    std::optional<decltype(nitro::from_loader(*loader))> a{nitro::from_loader(*loader)};
+    CHECK(first_of(*a) == 0);
+    auto b = std::move(*a);
+    CHECK(first_of(b) == 4);
+    while (first_of(b) >= 0) {
+    }
+    CHECK(first_of(*a) == 0);  // a source moved from begins a pass of its own, from its start
+    auto c = std::move(b);     // a pass that ended
+    c = std::move(*a);         // takes over a's pass
+    CHECK(first_of(c) == 4);
+    a.reset();
+    CHECK(first_of(c) == 8);
+  }
+  CHECK(whole_pass() == all);
+  {  // a source whose pass ended leaves alone the pass another reader began since
+    auto ended = std::make_optional(nitro::from_loader(*loader));
+    while (first_of(*ended) >= 0) {
+    }
+    std::vector<std::int64_t> firsts;
+    for (auto& batch : *loader) {
+      firsts.push_back(batch.data[0].item<std::int64_t>());
+      if (firsts.size() == 2) ended.reset();
+    }
+    CHECK(firsts == all);
+  }
+}
+
+namespace {
+
+// Five items holding 0-4 per epoch; set_epoch throws while `refuse` is set.
+struct Refusing {
+  using batch_type = at::Tensor;
+  using ticket_type = at::Tensor;
+  static constexpr bool parallel = false;
+  std::shared_ptr<std::atomic<bool>> refuse = std::make_shared<std::atomic<bool>>(false);
+  std::int64_t next = 0;
+  std::optional<at::Tensor> claim() {
+    if (next == 5) return std::nullopt;
+    return torch::full({1}, next++);
+  }
+  at::Tensor produce(at::Tensor&& t) { return std::move(t); }
+  void set_epoch(std::int64_t /*epoch*/) {
+    if (*refuse) throw std::runtime_error("cannot start the epoch");
+    next = 0;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a source that fails to start an epoch leaves the prefetcher (or pipeline) between epochs until a set_epoch succeeds") {
+  Refusing source;
+  auto refuse = source.refuse;
+  nitro::Prefetcher<nitro::Cpu, Refusing> p{source, {.depth = 2}};
+  *refuse = true;
+  CHECK_THROWS_WITH_AS(p.set_epoch(1), "cannot start the epoch", std::runtime_error);
+  CHECK_FALSE(p.next().has_value());
+  *refuse = false;
+  p.set_epoch(0);  // the epoch it was reading, nothing of it taken: still started again, not kept ended
+  std::int64_t n = 0;
+  while (auto b = p.next()) CHECK(b->item<std::int64_t>() == n++);
+  CHECK(n == 5);
+
+  Refusing read;
+  auto refuse_read = read.refuse;
+  auto pipe = nitro::data::pipeline(read, {.name = "read"},
+                                    nitro::data::stage({.name = "twice"}, [](at::Tensor t) { return t * 2; }));
+  *refuse_read = true;
+  CHECK_THROWS_WITH_AS(pipe.set_epoch(1), "cannot start the epoch", std::runtime_error);
+  CHECK_FALSE(pipe.next().has_value());
+  pipe.rewind();  // does not reopen the epoch before the failed set_epoch
+  CHECK_FALSE(pipe.next().has_value());
+  *refuse_read = false;
+  pipe.set_epoch(0);
+  n = 0;
+  while (auto b = pipe.next()) CHECK(b->item<std::int64_t>() == 2 * n++);
+  CHECK(n == 5);
 }
 
 TEST_CASE("the transform runs on each batch") {

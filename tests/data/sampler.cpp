@@ -427,7 +427,10 @@ TEST_CASE("one prefetcher over 3 epochs: one set of threads, and the batches of 
     expected.push_back(drain(p));
     CHECK(p.threads_started() == workers);
   }
-  CHECK(reader_threads.load() - before_separate == 3 * static_cast<int>(workers));
+  // Threads that read: each prefetcher's are new (under load one may claim no batch, hence the range).
+  const int separate_threads = reader_threads.load() - before_separate;
+  CHECK(separate_threads >= 3);
+  CHECK(separate_threads <= 3 * static_cast<int>(workers));
   // Each epoch is that epoch's order, cut into batches.
   for (std::int64_t e = 0; e < 3; ++e)
     CHECK(expected[static_cast<std::size_t>(e)] == batches_of(nitro::data::epoch_order(11, e, n), batch));
@@ -444,7 +447,9 @@ TEST_CASE("one prefetcher over 3 epochs: one set of threads, and the batches of 
     CHECK(sampler.state().index == static_cast<std::int64_t>(n));
   }
   CHECK(p.threads_started() == workers);
-  CHECK(reader_threads.load() - before_one == static_cast<int>(workers));
+  // 24 batches over 3 epochs, read by no thread but the first epoch's workers.
+  CHECK(reader_threads.load() - before_one >= 1);
+  CHECK(reader_threads.load() - before_one <= static_cast<int>(workers));
 }
 
 TEST_CASE("set_epoch mid-epoch drops the batches made ahead, and a resumed epoch keeps its position") {

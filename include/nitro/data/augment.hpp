@@ -501,9 +501,9 @@ struct GaussianNoise {
   at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
     detail::check_images(x, "GaussianNoise", true);
     NITRO_CHECK(std >= 0, "data::augment::GaussianNoise: std must be >= 0, got ", std);
-    if (x.size(0) == 0 || x.numel() == 0) return x;
+    auto r = detail::rngs(keys, x.size(0), stage);  // checks the keys, even for an empty batch
+    if (x.numel() == 0) return x;
     const int64_t N = x.size(0), E = x[0].numel();
-    auto r = detail::rngs(keys, N, stage);
     std::vector<int64_t> k1, k2;
     for (auto& g : r) {
       k1.push_back(static_cast<int64_t>(g.next() & 0x7FFFFFFF));
@@ -532,13 +532,14 @@ struct GaussianBlur {
   double sigma_min = 0.1, sigma_max = 2.0;
   at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
     detail::check_images(x, "GaussianBlur", true);
-    NITRO_CHECK(kernel >= 1 && kernel % 2 == 1 && kernel / 2 < std::min(x.size(2), x.size(3)),
-                "data::augment::GaussianBlur: kernel must be odd, >= 1 and less than twice the image's side, got ",
-                kernel);
+    NITRO_CHECK(kernel >= 1 && kernel % 2 == 1, "data::augment::GaussianBlur: kernel must be odd and >= 1, got ", kernel);
     NITRO_CHECK(0 < sigma_min && sigma_min <= sigma_max, "data::augment::GaussianBlur: needs 0 < sigma_min <= sigma_max");
-    if (x.size(0) == 0) return x;
     const int64_t N = x.size(0), C = x.size(1);
-    auto r = detail::rngs(keys, N, stage);
+    auto r = detail::rngs(keys, N, stage);  // checks the keys, even for an empty batch
+    if (x.numel() == 0) return x;           // no images, no channels or no pixels: nothing to blur
+    NITRO_CHECK(kernel / 2 < std::min(x.size(2), x.size(3)),
+                "data::augment::GaussianBlur: kernel must be less than twice the image's side (reflect padding), got ",
+                kernel, " for ", x.size(2), "x", x.size(3), " images; use a smaller kernel");
     const auto o = at::TensorOptions().dtype(at::kDouble);
     const auto t = at::linspace(-(kernel - 1) / 2.0, (kernel - 1) / 2.0, kernel, o).view({1, kernel});
     std::vector<double> sig;

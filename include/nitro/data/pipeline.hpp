@@ -182,7 +182,8 @@ class Pipeline {
   /// source rewound (its sampler hands them out again).
   void rewind() { impl_->restart(std::nullopt); }
   /// Ends what is left of this epoch and starts `epoch` (see Prefetcher::set_epoch); the same
-  /// threads go on. Needs a source that can start an epoch.
+  /// threads go on. Needs a source that can start an epoch. If the source cannot (its set_epoch
+  /// throws), the error propagates and the pipeline stays between epochs until a set_epoch succeeds.
   void set_epoch(std::int64_t epoch) {
     static_assert(requires(source_type& s) { s.set_epoch(epoch); },
                   "nitro::data::Pipeline::set_epoch: the read source cannot start a new epoch (a callable is read "
@@ -233,6 +234,7 @@ class Pipeline {
     std::mutex claim_mutex;  // read workers claim one at a time, in order
     std::condition_variable changed;
     std::uint64_t next_claim = 0, end = no_end;
+    bool restart_failed = false;  // the last set_epoch threw: the next one restarts the source whatever the epoch
     std::uint64_t generation = 0;  // a restart drops the items of older generations
     std::size_t busy = 0;          // workers holding an item outside the rings
     std::int64_t epoch = 0;
@@ -436,7 +438,8 @@ class Pipeline {
     // set_epoch (epoch given) or rewind (not): drops the items in flight, restarts the source.
     void restart(std::optional<std::int64_t> new_epoch) {
       std::unique_lock lock(mutex);
-      if (new_epoch && *new_epoch == epoch && fresh) return;  // nothing of it taken: keep it
+      // Nothing of it taken: keep it (not after a restart that failed).
+      if (new_epoch && *new_epoch == epoch && fresh && !restart_failed) return;
       ++generation;
       end = std::min(end, next_claim);  // no new claims
       draining = true;
@@ -445,14 +448,17 @@ class Pipeline {
       draining = false;
       fresh = new_epoch.has_value();
       std::apply([](auto&... ring) { (ring.clear(), ...); }, rings);
-      next_claim = 0;
-      // Nothing is claimed meanwhile (end == next_claim): the source is restarted alone.
+      next_claim = end = 0;
+      // Nothing is claimed meanwhile (end == next_claim), nor after if the source fails to restart.
+      if (new_epoch) restart_failed = true;  // until the source has started the epoch (its rewind may throw too)
       if constexpr (requires(source_type& s) { s.rewind(); }) source.rewind();
       if (new_epoch) {
         if constexpr (requires(source_type& s) { s.set_epoch(*new_epoch); }) source.set_epoch(*new_epoch);
+        restart_failed = false;
         epoch = *new_epoch;
       }
-      end = no_end;
+      // A rewind after a set_epoch that failed does not reopen the old epoch: only a set_epoch does.
+      end = restart_failed ? 0 : no_end;
       lock.unlock();
       changed.notify_all();
     }

@@ -180,21 +180,26 @@ class Prefetcher {
   /// Starts epoch `epoch` with the same workers (see the top of this header): what is left of the
   /// current epoch is dropped, unless `epoch` is the one being read and nothing of it was taken yet.
   /// Call it from the consumer's thread, between batches. Throws nitro::Error for a negative epoch.
+  /// If the source cannot start the epoch (its set_epoch throws), the error propagates and the
+  /// prefetcher stays between epochs (next() returns nothing) until a set_epoch succeeds.
   void set_epoch(std::int64_t epoch) {
     static_assert(requires(source_type& src) { src.set_epoch(epoch); },
                   "nitro::Prefetcher::set_epoch: this source cannot start a new epoch (a callable source is read "
                   "once); use from_dataset or from_loader, or make a new prefetcher per epoch");
     NITRO_CHECK(epoch >= 0, "nitro::Prefetcher::set_epoch: epoch is ", epoch, "; give one >= 0");
     std::unique_lock lock(mutex_);
-    if (epoch == epoch_ && next_out_ == 0) return;  // nothing of it taken: keep what was made ahead
+    // Nothing of it taken: keep what was made ahead (not after a restart that failed).
+    if (epoch == epoch_ && next_out_ == 0 && !restart_failed_) return;
     end_ = std::min(end_, next_task_);  // no new claims
     space_.notify_all();
     idle_.wait(lock, [&] { return busy_ == 0; });  // the batches being made are finished (then dropped)
     for (auto& slot : ring_) slot.reset();
-    next_task_ = next_out_ = 0;
-    // The workers wait (end_ == next_task_) while the source is restarted: they claim nothing meanwhile.
+    next_task_ = next_out_ = end_ = 0;
+    // The workers wait (end_ == next_task_) while the source is restarted, and after, if it fails.
+    restart_failed_ = true;  // until the source has started the epoch (its rewind may throw too)
     if constexpr (requires { source_.rewind(); }) source_.rewind();
     source_.set_epoch(epoch);
+    restart_failed_ = false;
     epoch_ = epoch;
     end_ = no_end;
     lock.unlock();
@@ -351,6 +356,7 @@ class Prefetcher {
   std::condition_variable ready_, space_, idle_;
   std::vector<std::optional<Item>> ring_;
   std::uint64_t next_task_ = 0, next_out_ = 0, end_ = no_end;
+  bool restart_failed_ = false;  // the last set_epoch threw: the next one restarts the source whatever the epoch
   std::size_t busy_ = 0;  // workers between taking a task and finish()
   std::int64_t epoch_ = 0;
   bool stop_ = false;

@@ -63,11 +63,40 @@ CallableSource<std::decay_t<F>> from_callable(F&& f) {
   return CallableSource<std::decay_t<F>>(std::forward<F>(f));
 }
 
+namespace detail {
+// Reaches a torch::data loader's job queue (DataLoaderBase's protected `shuttle_`) through a class
+// derived from it that is never made. Its drain() drops the jobs not begun and waits for those
+// being made (at most the loader's workers), so the loader can begin a new pass: torch refuses
+// begin() while a pass has jobs in flight and gives no other way to end a pass early.
+template <class Loader>
+struct LoaderInternals : Loader {
+  static consteval bool reachable() { return requires(LoaderInternals& l) { l.shuttle_.drain(); }; }
+  static std::size_t in_flight(const Loader& loader) { return (loader.*(&LoaderInternals::shuttle_)).in_flight_jobs(); }
+  static void drain(Loader& loader) { (loader.*(&LoaderInternals::shuttle_)).drain(); }
+};
+template <class Loader>
+consteval bool torch_loader() {
+  if constexpr (std::is_final_v<Loader> || !std::is_class_v<Loader>) {
+    return false;
+  } else {
+    return LoaderInternals<Loader>::reachable();
+  }
+}
+}  // namespace detail
+
 /// A torch::data data loader (stateless or stateful), read one batch at a time from its iterator.
-/// The loader is borrowed: it must outlive the prefetcher.
+/// The loader is borrowed: it must outlive the source (and so the prefetcher or pipeline reading it).
+/// A pass left mid-way (set_epoch, or the source destroyed with its prefetcher or pipeline) is ended
+/// at once, so the loader can be read again: its jobs not begun are dropped and those being made
+/// are waited for (torch's timeout does not apply) and dropped. One reader at a time: a pass begun
+/// by another reader while this source's pass still had jobs in flight is refused by torch.
 template <class Loader>
 class LoaderSource {
+  static_assert(detail::torch_loader<Loader>(),
+                "nitro::LoaderSource: needs a torch::data data loader (what torch::data::make_data_loader returns, "
+                "or a class derived from torch::data::DataLoaderBase that is not final)");
   using Iterator = decltype(std::declval<Loader&>().begin());
+  using Internals = detail::LoaderInternals<Loader>;
 
  public:
   using batch_type = std::remove_cvref_t<decltype(*std::declval<Iterator&>())>;
@@ -79,38 +108,86 @@ class LoaderSource {
                 "torch::data::transforms::Stack<>() to get an Example of stacked tensors");
 
   explicit LoaderSource(Loader& loader) : loader_(&loader) {}
+  LoaderSource(const LoaderSource&) = delete;  // two readers of one pass
+  LoaderSource& operator=(const LoaderSource&) = delete;
+  LoaderSource(LoaderSource&& other) noexcept
+      : loader_(other.loader_),
+        it_(std::exchange(other.it_, std::nullopt)),
+        advance_(std::exchange(other.advance_, false)),
+        open_(std::exchange(other.open_, false)) {}
+  LoaderSource& operator=(LoaderSource&& other) noexcept {
+    if (this != &other) {
+      end_pass_quietly();
+      loader_ = other.loader_;
+      it_ = std::exchange(other.it_, std::nullopt);
+      advance_ = std::exchange(other.advance_, false);
+      open_ = std::exchange(other.open_, false);
+    }
+    return *this;
+  }
+  ~LoaderSource() { end_pass_quietly(); }
+
+  /// The loader's next batch. The iterator is advanced at the next claim, not after this one: a
+  /// batch that fails to load then surfaces as the error of its own claim, after the batches before
+  /// it were all delivered. The claim after an error asks the loader again: past a failed batch
+  /// (torch::data::WorkerException) that is the batch after it; after torch's timeout, the late batch.
   std::optional<ticket_type> claim() {
-    if (!it_) it_.emplace(loader_->begin());
+    if (!it_) {
+      it_.emplace(loader_->begin());
+      open_ = true;
+    }
+    if (advance_) {
+      try {
+        ++*it_;  // may throw the next batch's error; advance_ stays set
+      } catch (...) {
+        note_jobs();
+        throw;
+      }
+      advance_ = false;
+    }
+    note_jobs();
     if (*it_ == loader_->end()) return std::nullopt;
     batch_type b = std::move(**it_);
-    ++*it_;
+    advance_ = true;
     return b;
   }
   batch_type produce(ticket_type&& batch) { return std::move(batch); }
-  /// A new epoch: the loader is begun again (its own sampler decides the order; `epoch` is not used).
-  /// A loader with workers refuses a new pass while the old one has batches in flight, so what is left
-  /// of the old pass is read and dropped first (its errors too: they belonged to the epoch left).
-  void set_epoch(std::int64_t /*epoch*/) {
-    if (it_) {
-      for (;;) {
-        try {
-          if (*it_ == loader_->end()) break;
-          ++*it_;
-        } catch (...) {  // a failed batch of the pass being dropped: go on draining
-        }
-      }
-    }
-    it_.reset();
-  }
+  /// A new epoch: the pass being read is ended and the loader is begun again at the next claim (its
+  /// own sampler decides the order; `epoch` is not used).
+  void set_epoch(std::int64_t /*epoch*/) { end_pass(); }
 
  private:
+  // Whether this source's pass still has jobs in the loader. Once none are left the loader has
+  // handed out the whole pass, and another reader may begin one: this source must not drain that.
+  void note_jobs() noexcept {
+    if (open_ && Internals::in_flight(*loader_) == 0) open_ = false;
+  }
+  // Ends the pass being read, if it still has jobs in flight (only with workers: without them
+  // begin() resets the sampler or the stateful data set, and nothing is in flight).
+  void end_pass() {
+    if (open_ && loader_->options().workers > 0) Internals::drain(*loader_);
+    it_.reset();
+    advance_ = open_ = false;
+  }
+  void end_pass_quietly() noexcept {
+    try {
+      end_pass();
+    } catch (...) {  // a destructor: the loader is left as torch leaves it
+      it_.reset();
+      advance_ = open_ = false;
+    }
+  }
+
   Loader* loader_;
   std::optional<Iterator> it_;
+  bool advance_ = false;  // the batch at it_ was handed out: advance before the next one
+  bool open_ = false;     // this source's pass still has jobs in the loader
 };
 
 /// A torch::data data loader as a source (borrowed: it must outlive the prefetcher).
 ///   auto loader = torch::data::make_data_loader(dataset.map(torch::data::transforms::Stack<>()), 64);
-///   nitro::Prefetcher<nitro::Cuda, nitro::LoaderSource<decltype(*loader)>> p{nitro::from_loader(*loader)};
+///   nitro::Prefetcher<nitro::Cuda, nitro::LoaderSource<std::remove_reference_t<decltype(*loader)>>> p{
+///       nitro::from_loader(*loader)};
 template <class Loader>
 LoaderSource<Loader> from_loader(Loader& loader) {
   return LoaderSource<Loader>(loader);

@@ -64,11 +64,16 @@ struct PipelineStats {
     }
     return best;
   }
-  /// Below this share of waiting, the consumer, not the pipeline, sets the pace.
-  static constexpr double keeps_up = 0.05;
-  /// Share of the covered time the consumer waited, in [0, 1].
+  /// Share of the covered time the consumer waited, in [0, 1]. The covered time may include idle
+  /// time (set-up before the first epoch, a cold start): reset_stats() after a warm-up for a fair share.
   [[nodiscard]] double consumer_wait_share() const noexcept {
     return seconds > 0 ? consumer_wait_s / seconds : 0.0;
+  }
+  /// The consumer's mean wait per delivered item, in ms (0 before any): what the pipeline adds to a
+  /// step, whatever idle time (set-up before the first epoch) the covered time includes. The first
+  /// items (the queues still empty) weigh on it: reset_stats() after a warm-up to leave them out.
+  [[nodiscard]] double consumer_wait_ms_per_item() const noexcept {
+    return delivered > 0 ? 1e3 * consumer_wait_s / static_cast<double>(delivered) : 0.0;
   }
 
   /// A table: one line per stage, then the bottleneck in words.
@@ -86,15 +91,14 @@ struct PipelineStats {
                     pct(s.wait_input_s), pct(s.wait_output_s));
       out += line;
     }
-    std::snprintf(line, sizeof line, "  the consumer waited %.0f%% of %.2f s for the pipeline", 100.0 * consumer_wait_share(),
-                  seconds);
+    std::snprintf(line, sizeof line, "  the consumer waited %.0f%% of %.2f s for the pipeline (%.3f ms per item)",
+                  100.0 * consumer_wait_share(), seconds, consumer_wait_ms_per_item());
     out += line;
     if (const auto b = bottleneck(); b >= 0) {
       const auto& s = stages[static_cast<std::size_t>(b)];
-      std::snprintf(line, sizeof line, "%s '%s' (busy %.0f%% of its %zu worker(s)' time)",
-                    consumer_wait_share() < keeps_up ? "; the pipeline keeps up (the consumer sets the pace); its busiest "
-                                                       "stage is"
-                                                     : "; its slowest stage is",
+      // Whether the pipeline holds the step back is the monitor's call (monitor::bottlenecks compares
+      // the wait per item with the step's data wait); a table only names the busiest stage.
+      std::snprintf(line, sizeof line, "; its busiest stage is '%s' (busy %.0f%% of its %zu worker(s)' time)",
                     s.name.c_str(), 100.0 * s.utilisation(), s.workers);
       out += line;
     }

@@ -295,14 +295,17 @@ inline std::vector<Advice> bottlenecks(const Summary& s, const AdviceOptions& o 
     std::snprintf(buf, sizeof buf, "data-bound: the step waits %.1f ms for data, %.0f%% of a %.1f ms step",
                   data.mean_ms, 100.0 * data.share, s.step.mean_ms);
     const auto slowest = s.pipeline ? s.pipeline->bottleneck() : -1;
-    if (slowest >= 0 && s.pipeline->consumer_wait_share() < data::PipelineStats::keeps_up) {
-      // The pipeline had each item ready when asked: the wait is after it (the prefetcher's work).
+    // Per item, not over the pipeline's life (which may include set-up before the first epoch): the
+    // pipeline is to blame when the consumer waited for it most of the step's data wait.
+    const double pipeline_wait_ms = s.pipeline ? s.pipeline->consumer_wait_ms_per_item() : 0.0;
+    if (slowest >= 0 && s.pipeline->delivered > 0 && pipeline_wait_ms < 0.5 * data.mean_ms) {
+      // The pipeline had each item ready when asked: the wait is after it.
       std::string finding = buf;
-      std::snprintf(buf, sizeof buf, "; the pipeline keeps up (its consumer waited %.0f%% of the time)",
-                    100.0 * s.pipeline->consumer_wait_share());
+      std::snprintf(buf, sizeof buf, "; the pipeline keeps up (its consumer waited %.2f ms per item for it)",
+                    pipeline_wait_ms);
       out.push_back({Bottleneck::data, finding + buf,
-                     "the wait is after the pipeline: lighten the prefetcher's transform (or move it to the GPU's "
-                     "copy stream), raise its depth, or give it more workers"});
+                     "the wait is between the pipeline and the step: if a prefetcher reads the pipeline, lighten its "
+                     "transform (or run it on the GPU's copy stream) and raise its depth"});
     } else if (slowest >= 0) {
       const auto& stage = s.pipeline->stages[static_cast<std::size_t>(slowest)];
       std::string finding = buf;
