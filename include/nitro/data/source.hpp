@@ -136,16 +136,17 @@ class LoaderSource {
       it_.emplace(loader_->begin());
       open_ = true;
     }
+    // Whether this source's pass still has jobs in the loader, once the claim is over (an error
+    // too). Once none are left the loader has handed out the whole pass, and another reader may
+    // begin one: this source must not drain that.
+    struct NoteJobs {
+      LoaderSource& s;
+      ~NoteJobs() { s.open_ = s.open_ && Internals::in_flight(*s.loader_) > 0; }
+    } note{*this};
     if (advance_) {
-      try {
-        ++*it_;  // may throw the next batch's error; advance_ stays set
-      } catch (...) {
-        note_jobs();
-        throw;
-      }
+      ++*it_;  // may throw the next batch's error; advance_ stays set
       advance_ = false;
     }
-    note_jobs();
     if (*it_ == loader_->end()) return std::nullopt;
     batch_type b = std::move(**it_);
     advance_ = true;
@@ -157,24 +158,18 @@ class LoaderSource {
   void set_epoch(std::int64_t /*epoch*/) { end_pass(); }
 
  private:
-  // Whether this source's pass still has jobs in the loader. Once none are left the loader has
-  // handed out the whole pass, and another reader may begin one: this source must not drain that.
-  void note_jobs() noexcept {
-    if (open_ && Internals::in_flight(*loader_) == 0) open_ = false;
-  }
-  // Ends the pass being read, if it still has jobs in flight (only with workers: without them
-  // begin() resets the sampler or the stateful data set, and nothing is in flight).
+  // Ends the pass being read: drains it if it still has jobs in flight (only with workers: without
+  // them begin() resets the sampler or the stateful data set, and nothing is in flight).
   void end_pass() {
-    if (open_ && loader_->options().workers > 0) Internals::drain(*loader_);
+    const bool drain = open_ && loader_->options().workers > 0;
     it_.reset();
     advance_ = open_ = false;
+    if (drain) Internals::drain(*loader_);
   }
   void end_pass_quietly() noexcept {
     try {
       end_pass();
     } catch (...) {  // a destructor: the loader is left as torch leaves it
-      it_.reset();
-      advance_ = open_ = false;
     }
   }
 
