@@ -240,6 +240,10 @@ TEST_CASE("pipeline: the stats name the slow stage, and so does the monitor's ad
   CHECK(slow_decode.stages[2].wait_input_s > slow_decode.stages[2].busy_s);   // collate waits for decode
   CHECK(slow_decode.consumer_wait_share() > 0.5);
   CHECK(slow_decode.format().find("busiest stage is 'decode'") != std::string::npos);
+  CHECK(slow_decode.format().find(" ms per item)") != std::string::npos);
+  auto none_delivered = slow_decode;
+  none_delivered.delivered = 0;  // no per-item figure to give
+  CHECK(none_delivered.format().find("per item") == std::string::npos);
   // Collate 5 ms per item: collate is.
   const auto slow_collate = run(0us, 5000us);
   CAPTURE(slow_collate.format());

@@ -320,6 +320,37 @@ TEST_CASE("a loader's failed batch is the error of its own claim: the batches be
   }
 }
 
+namespace {
+// Batch 0 fails after the batches behind it were made (torch holds them back, in order) while `fail`
+// is set; batch i holds i.
+struct LateFailure : torch::data::datasets::BatchDataset<LateFailure, at::Tensor, std::vector<std::size_t>> {
+  std::shared_ptr<std::atomic<bool>> fail = std::make_shared<std::atomic<bool>>(true);
+  at::Tensor get_batch(std::vector<std::size_t> indices) override {
+    if (indices[0] == 0 && *fail) {
+      std::this_thread::sleep_for(200ms);
+      throw std::runtime_error("bad batch 0");
+    }
+    return torch::tensor({static_cast<std::int64_t>(indices[0])});
+  }
+  [[nodiscard]] std::optional<std::size_t> size() const override { return 20; }
+};
+}  // namespace
+
+TEST_CASE("a loader's pass read on after an error is still ended by set_epoch") {
+  // The failed batch comes last: no job is left in the loader when it throws, and the claim after it
+  // (batch 1, held back by torch) queues new ones, which set_epoch must drain.
+  LateFailure data;
+  auto fail = data.fail;
+  auto loader = torch::data::make_data_loader<torch::data::samplers::SequentialSampler>(
+      data, torch::data::DataLoaderOptions(1).workers(2));
+  auto source = nitro::from_loader(*loader);
+  CHECK_THROWS_WITH_AS(first_of(source), doctest::Contains("bad batch 0"), torch::data::WorkerException);
+  CHECK(first_of(source) == 1);
+  *fail = false;
+  source.set_epoch(1);
+  CHECK(first_of(source) == 0);
+}
+
 TEST_CASE("set_epoch on a loader without workers begins again at once, with workers after the jobs in flight") {
   for (const std::size_t workers : {0, 2}) {
     CAPTURE(workers);

@@ -88,7 +88,8 @@ consteval bool torch_loader() {
 /// The loader is borrowed: it must outlive the source (and so the prefetcher or pipeline reading it).
 /// A pass left mid-way (set_epoch, or the source destroyed with its prefetcher or pipeline) is ended
 /// at once, so the loader can be read again: its jobs not begun are dropped and those being made
-/// are waited for (torch's timeout does not apply) and dropped. One reader at a time: a pass begun
+/// are waited for (torch's timeout does not apply) and dropped. Batches torch holds back to keep
+/// them in order (enforce_ordering) stay in the loader until its next pass begins. One reader at a time: a pass begun
 /// by another reader while this source's pass still had jobs in flight is refused by torch.
 template <class Loader>
 class LoaderSource {
@@ -136,12 +137,12 @@ class LoaderSource {
       it_.emplace(loader_->begin());
       open_ = true;
     }
-    // Whether this source's pass still has jobs in the loader, once the claim is over (an error
-    // too). Once none are left the loader has handed out the whole pass, and another reader may
-    // begin one: this source must not drain that.
+    // Whether this source's pass has jobs in the loader, once the claim is over (an error too).
+    // With none left another reader may begin a pass, which this source must not drain; a claim
+    // after an error may queue jobs again (torch refills as it hands out a batch it held back).
     struct NoteJobs {
       LoaderSource& s;
-      ~NoteJobs() { s.open_ = s.open_ && Internals::in_flight(*s.loader_) > 0; }
+      ~NoteJobs() { s.open_ = Internals::in_flight(*s.loader_) > 0; }
     } note{*this};
     if (advance_) {
       ++*it_;  // may throw the next batch's error; advance_ stays set

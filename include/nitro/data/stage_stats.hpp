@@ -91,9 +91,13 @@ struct PipelineStats {
                     pct(s.wait_input_s), pct(s.wait_output_s));
       out += line;
     }
-    std::snprintf(line, sizeof line, "  the consumer waited %.0f%% of %.2f s for the pipeline (%.3f ms per item)",
-                  100.0 * consumer_wait_share(), seconds, consumer_wait_ms_per_item());
+    std::snprintf(line, sizeof line, "  the consumer waited %.0f%% of %.2f s for the pipeline", 100.0 * consumer_wait_share(),
+                  seconds);
     out += line;
+    if (delivered > 0) {
+      std::snprintf(line, sizeof line, " (%.3f ms per item)", consumer_wait_ms_per_item());
+      out += line;
+    }
     if (const auto b = bottleneck(); b >= 0) {
       const auto& s = stages[static_cast<std::size_t>(b)];
       // Whether the pipeline holds the step back is the monitor's call (monitor::bottlenecks compares
