@@ -5,6 +5,8 @@
 #include <array>
 #include <numeric>
 #include <optional>
+#include <utility>
+#include <vector>
 
 namespace aug = nitro::data::augment;
 
@@ -65,6 +67,40 @@ TEST_CASE("augment: RandomResizedCrop equals F.interpolate of each sample's crop
                    .mode(torch::kBilinear).align_corners(false));
     CHECK((out[i] - ref[0]).abs().max().item<double>() < 1e-5);
   }
+}
+
+TEST_CASE("augment: RandomResizedCrop rounds its sizes as torchvision's get_params does (Python's round: a tie to even)") {
+  // int(round(x)) in Python (the values below checked with it): 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, 3.5 -> 4, 4.5 -> 4.
+  CHECK(aug::detail::round_half_even(0.5) == 0);
+  CHECK(aug::detail::round_half_even(1.5) == 2);
+  CHECK(aug::detail::round_half_even(2.5) == 2);
+  CHECK(aug::detail::round_half_even(3.5) == 4);
+  CHECK(aug::detail::round_half_even(4.5) == 4);
+  CHECK(aug::detail::round_half_even(2.5000000000000004) == 3);  // not a tie
+  CHECK(aug::detail::round_half_even(12.49) == 12);
+  aug::detail::Rng g(9, 0, 0, 0);
+  // A one-point scale and ratio 1 make every draw the same: target area H * W * 0.25 (exact), aspect
+  // exp(0) = 1, so w = h = round(sqrt(target)): sqrt(6.25) = 2.5 -> 2 and sqrt(20.25) = 4.5 -> 4
+  // (std::lround: 3 and 5), sqrt(12.25) = 3.5 -> 4.
+  const aug::RandomResizedCrop quarter{.scale_min = 0.25, .scale_max = 0.25, .ratio_min = 1.0, .ratio_max = 1.0};
+  for (const auto& [side, size] : {std::pair<int64_t, int64_t>{5, 2}, {9, 4}, {7, 4}}) {
+    CAPTURE(side);
+    const auto b = quarter.crop(g, side, side);
+    CHECK(b[2] == size);
+    CHECK(b[3] == size);
+    CHECK(b[0] + b[2] <= side);
+    CHECK(b[1] + b[3] <= side);
+  }
+  // The fallback's centre crop: with the whole area and ratio 2 (or 1/2) every attempt is 7 pixels
+  // one way on a 5 x 5 image, so all ten fail; then h = round(5 / 2) = 2 (w = round(5 * 0.5) = 2),
+  // centred at (5 - 2) // 2 = 1: torchvision's (i, j, h, w) = (1, 0, 2, 5) and (0, 1, 5, 2), where
+  // std::lround gave 3. On 7 x 7, round(3.5) = 4: (1, 0, 4, 7).
+  const aug::RandomResizedCrop wide{.scale_min = 1.0, .scale_max = 1.0, .ratio_min = 2.0, .ratio_max = 2.0};
+  const aug::RandomResizedCrop tall{.scale_min = 1.0, .scale_max = 1.0, .ratio_min = 0.5, .ratio_max = 0.5};
+  const auto listed = [](const std::array<int64_t, 4>& c) { return std::vector<int64_t>(c.begin(), c.end()); };
+  CHECK(listed(wide.crop(g, 5, 5)) == std::vector<int64_t>{1, 0, 2, 5});
+  CHECK(listed(tall.crop(g, 5, 5)) == std::vector<int64_t>{0, 1, 5, 2});
+  CHECK(listed(wide.crop(g, 7, 7)) == std::vector<int64_t>{1, 0, 4, 7});
 }
 
 TEST_CASE("augment: ColorJitter follows torchvision's brightness, contrast and saturation formulas") {

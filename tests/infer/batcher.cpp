@@ -120,6 +120,49 @@ TEST_CASE("DynamicBatcher: an expired request gets RequestExpired, not a late an
   CHECK(s.requests == 2);
 }
 
+TEST_CASE("DynamicBatcher: an expired request takes no place in a batch: max_batch live ones fill it") {
+  // The worker is held inside the model with a first, full batch while three requests with a short
+  // deadline and four without queue up, interleaved; the deadlines pass before the model is let go.
+  // The next batch must hold the four live requests (not two of them beside two expired ones, the
+  // third waiting max_delay for a batch of its own).
+  Gate gate;
+  std::mutex m;
+  std::vector<int64_t> rows;  // of each batch the model saw
+  auto model = [&](const at::Tensor& b) {
+    {
+      std::lock_guard lock(m);
+      rows.push_back(b.size(0));
+    }
+    gate.wait();  // the first batch waits for release(); once open, the gate stays open
+    return b * 2;
+  };
+  DynamicBatcher batcher{model, {.max_batch = 4, .max_delay = 5s}};
+  std::vector<std::future<at::Tensor>> first, late, live;
+  for (int i = 0; i < 4; ++i) first.push_back(batcher.submit(torch::full({1}, static_cast<float>(i))));
+  gate.wait_entered(1);  // the worker holds the first batch
+  const auto soon = std::chrono::steady_clock::now() + 1ms;
+  for (int i = 0; i < 4; ++i) {
+    if (i < 3) late.push_back(batcher.submit(torch::full({1}, -1.0f), soon));
+    live.push_back(batcher.submit(torch::full({1}, static_cast<float>(10 + i))));
+  }
+  std::this_thread::sleep_until(soon + 5ms);  // past every short deadline, the worker still held
+  gate.release();
+  for (int i = 0; i < 4; ++i) CHECK(first[static_cast<size_t>(i)].get().item<float>() == 2.0f * static_cast<float>(i));
+  for (auto& f : late)
+    CHECK_THROWS_WITH_AS(f.get(), doctest::Contains("deadline passed"), nitro::infer::RequestExpired);
+  for (int i = 0; i < 4; ++i)  // each its own row, in the order they came
+    CHECK(live[static_cast<size_t>(i)].get().item<float>() == 2.0f * static_cast<float>(10 + i));
+  {
+    std::lock_guard lock(m);
+    CHECK(rows == std::vector<int64_t>{4, 4});
+  }
+  const auto s = batcher.stats();
+  CHECK(s.expired == 3);
+  CHECK(s.requests == 8);
+  CHECK(s.batches == 2);
+  CHECK(s.batch_sizes[4] == 2);
+}
+
 TEST_CASE("DynamicBatcher: back-pressure, rejecting or blocking as asked") {
   for (auto mode : {BatcherOptions::WhenFull::Reject, BatcherOptions::WhenFull::Block}) {
     CAPTURE(static_cast<int>(mode));

@@ -94,6 +94,13 @@ class Rng {
   uint64_t s_;
 };
 
+/// Python's int(round(x)): to the nearest integer, a tie to the even one (round(2.5) == 2), whatever
+/// the floating-point rounding mode. std::lround would give 3.
+inline int64_t round_half_even(double x) {
+  if (std::abs(x - std::trunc(x)) == 0.5) return static_cast<int64_t>(2.0 * std::round(x / 2.0));
+  return static_cast<int64_t>(std::round(x));
+}
+
 /// One Rng per sample of the batch, for stage `stage`.
 inline std::vector<Rng> rngs(const Keys& keys, int64_t n, int stage) {
   NITRO_CHECK(keys.index.defined() && keys.index.dim() == 1 && keys.index.size(0) == n,
@@ -307,21 +314,22 @@ struct RandomResizedCrop {
   /// 0 (the default) drops only the boxes left with no area (outside the crop or on its border).
   double min_visibility = 0.0;
 
-  /// The crop of one sample: top, left, height, width (torchvision's get_params, our generator).
+  /// The crop of one sample: top, left, height, width (torchvision's get_params, our generator; its
+  /// sizes rounded as Python's round does, a tie to even).
   std::array<int64_t, 4> crop(detail::Rng& g, int64_t H, int64_t W) const {
     const double area = static_cast<double>(H * W);
     for (int attempt = 0; attempt < 10; ++attempt) {
       const double target = area * g.uniform(scale_min, scale_max);
       const double aspect = std::exp(g.uniform(std::log(ratio_min), std::log(ratio_max)));
-      const auto w = static_cast<int64_t>(std::lround(std::sqrt(target * aspect)));
-      const auto h = static_cast<int64_t>(std::lround(std::sqrt(target / aspect)));
+      const auto w = detail::round_half_even(std::sqrt(target * aspect));
+      const auto h = detail::round_half_even(std::sqrt(target / aspect));
       if (w > 0 && w <= W && h > 0 && h <= H) return {g.below(H - h + 1), g.below(W - w + 1), h, w};
     }
     // Fallback: the whole image, cut to the nearest allowed ratio, centred.
     const double in_ratio = static_cast<double>(W) / static_cast<double>(H);
     int64_t w = W, h = H;
-    if (in_ratio < ratio_min) h = static_cast<int64_t>(std::lround(static_cast<double>(W) / ratio_min));
-    else if (in_ratio > ratio_max) w = static_cast<int64_t>(std::lround(static_cast<double>(H) * ratio_max));
+    if (in_ratio < ratio_min) h = detail::round_half_even(static_cast<double>(W) / ratio_min);
+    else if (in_ratio > ratio_max) w = detail::round_half_even(static_cast<double>(H) * ratio_max);
     return {(H - h) / 2, (W - w) / 2, h, w};
   }
 

@@ -16,7 +16,9 @@
 //  - its row of the output: a view of the batch's output tensor, made under c10::InferenceMode (an
 //    inference tensor: it cannot be changed in place or enter autograd outside that mode); `.clone()`
 //    it to keep it alone or to change it;
-//  - infer::RequestExpired if its deadline passed before its batch was formed (no late answer);
+//  - infer::RequestExpired if its deadline passed before its batch was formed (no late answer); an
+//    expired request leaves the queue before the batch is formed and takes no place in it, so a batch
+//    holds max_batch requests whenever that many live ones are queued;
 //  - the model's exception if its batch failed (other batches are not touched);
 //  - infer::BatcherStopped if the batcher was shut down with `Shutdown::fail_pending` before it ran.
 // submit itself throws nitro::Error for a full queue (`when_full = Reject`; `Block` waits for room, and
@@ -239,14 +241,30 @@ class DynamicBatcher {
     }
   }
 
+  /// Moves every queued request whose deadline is before `at` to `out` (with `at`, for its message),
+  /// keeping the others in their order.
+  void take_expired(clock::time_point at, std::vector<std::pair<Request, clock::time_point>>& out) {
+    auto kept = queue_.begin();
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      if (it->deadline && *it->deadline < at) {
+        out.emplace_back(std::move(*it), at);
+      } else {
+        if (kept != it) *kept = std::move(*it);
+        ++kept;
+      }
+    }
+    queue_.erase(kept, queue_.end());
+  }
+
   void work() {
     c10::InferenceMode inference;  // thread-local: the model runs on this thread only
     std::vector<Request> batch;
     batch.reserve(static_cast<size_t>(options_.max_batch));
+    std::vector<std::pair<Request, clock::time_point>> expired;  // each with the moment it was found expired
     std::vector<at::Tensor> inputs;
     inputs.reserve(static_cast<size_t>(options_.max_batch));
     for (;;) {
-      clock::time_point formed;
+      clock::time_point formed{};
       {
         std::unique_lock lock(mutex_);
         arrived_.wait(lock, [&] { return !queue_.empty() || stopping_; });
@@ -262,14 +280,18 @@ class DynamicBatcher {
                 BatcherStopped("infer::DynamicBatcher: shut down before this request ran")));
           continue;
         }
+        // Requests whose deadline passed while the last batch ran leave now: they take no place in
+        // this batch and do not count toward a full one.
+        const auto gather_start = clock::now();
+        take_expired(gather_start, expired);
         // Wait for a full batch, but not past the oldest request's max_delay, nor so long that a queued
         // request's deadline passes while it waits (nor on shutdown). A submit with a deadline wakes
-        // this wait, which then looks again.
+        // this wait, which then looks again. (Nothing to gather if every request had expired; while
+        // this thread gathers, the queue only grows.)
         // `formed`: the moment deadlines are checked against. When the gathering ends on its own
         // timer, the moment it was due, not the moment this thread was scheduled again: the worker's
         // wake-up latency does not expire a request that the wait itself was timed to serve.
-        const auto gather_start = clock::now();
-        for (;;) {
+        while (!queue_.empty()) {
           if (queue_.size() >= static_cast<size_t>(options_.max_batch) || stopping_) {
             formed = clock::now();
             break;
@@ -282,70 +304,64 @@ class DynamicBatcher {
           }
           arrived_.wait_until(lock, until);
         }
-        if (stopping_ && fail_pending_) continue;  // failed above, on the next turn
-        const size_t n = std::min(queue_.size(), static_cast<size_t>(options_.max_batch));
-        for (size_t i = 0; i < n; ++i) {
-          batch.push_back(std::move(queue_.front()));
-          queue_.pop_front();
+        // Failed with BatcherStopped on the next turn (fail_pending); else the batch: what expired
+        // while it gathered (a late wake-up, a deadline already near at submit) leaves first, then up
+        // to max_batch of the rest, oldest first.
+        if (!(stopping_ && fail_pending_) && !queue_.empty()) {
+          take_expired(formed, expired);
+          const size_t n = std::min(queue_.size(), static_cast<size_t>(options_.max_batch));
+          for (size_t i = 0; i < n; ++i) {
+            batch.push_back(std::move(queue_.front()));
+            queue_.pop_front();
+          }
         }
+        stats_.expired += expired.size();  // counted before any answer, as in run()
       }
       room_.notify_all();
-      run(batch, inputs, formed);
+      for (auto& [r, at] : expired) {
+        r.promise.set_exception(std::make_exception_ptr(RequestExpired(
+            "infer::DynamicBatcher: the request's deadline passed " + std::to_string(ms(at - *r.deadline)) +
+            " ms before its batch was formed")));
+      }
+      expired.clear();
+      if (!batch.empty()) run(batch, inputs);
       batch.clear();
       inputs.clear();
     }
   }
 
-  // Counters are updated before any promise is fulfilled, so a caller holding its answer sees them.
-  void run(std::vector<Request>& batch, std::vector<at::Tensor>& inputs, clock::time_point formed) {
+  // A batch of live requests (the expired ones left the queue before it was formed). Counters are
+  // updated before any promise is fulfilled, so a caller holding its answer sees them.
+  void run(std::vector<Request>& batch, std::vector<at::Tensor>& inputs) {
     const auto start = clock::now();
-    // Expired requests are left out of the batch and answered with an error.
-    size_t expired = 0;
-    for (auto& r : batch) {
-      if (r.deadline && *r.deadline < formed) {
-        r.input = at::Tensor();
-        ++expired;
-      } else {
-        inputs.push_back(r.input);
-      }
-    }
+    for (const auto& r : batch) inputs.push_back(r.input);
     std::exception_ptr error;
     at::Tensor out;
-    if (!inputs.empty()) {
-      try {
-        out = model_(at::stack(inputs));
-        NITRO_CHECK(out.defined() && out.dim() >= 1 && out.size(0) == static_cast<int64_t>(inputs.size()),
-                    "infer::DynamicBatcher: the model returned ",
-                    out.defined() ? std::to_string(out.dim() >= 1 ? out.size(0) : 0) : std::string("no"),
-                    " rows for a batch of ", inputs.size(), "; its output's first dimension must be the batch");
-      } catch (...) {
-        error = std::current_exception();
-      }
+    try {
+      out = model_(at::stack(inputs));
+      NITRO_CHECK(out.defined() && out.dim() >= 1 && out.size(0) == static_cast<int64_t>(inputs.size()),
+                  "infer::DynamicBatcher: the model returned ",
+                  out.defined() ? std::to_string(out.dim() >= 1 ? out.size(0) : 0) : std::string("no"),
+                  " rows for a batch of ", inputs.size(), "; its output's first dimension must be the batch");
+    } catch (...) {
+      error = std::current_exception();
     }
     const auto done = clock::now();
     {
       std::lock_guard lock(mutex_);
-      stats_.expired += expired;
-      if (!inputs.empty()) {
-        ++stats_.batches;
-        ++batch_sizes_[inputs.size()];
-        (error ? stats_.failed : stats_.requests) += inputs.size();
-        for (const auto& r : batch) {
-          if (!r.input.defined()) continue;
-          record(waits_, next_wait_, ms(start - r.submitted));
-          record(latencies_, next_latency_, ms(done - r.submitted));
-        }
+      ++stats_.batches;
+      ++batch_sizes_[inputs.size()];
+      (error ? stats_.failed : stats_.requests) += inputs.size();
+      for (const auto& r : batch) {
+        record(waits_, next_wait_, ms(start - r.submitted));
+        record(latencies_, next_latency_, ms(done - r.submitted));
       }
     }
     int64_t row = 0;
     for (auto& r : batch) {
       // The promise goes at once, so the caller usually holds the last reference to what it gets.
       std::promise<at::Tensor> promise = std::move(r.promise);
-      if (!r.input.defined()) {
-        promise.set_exception(std::make_exception_ptr(RequestExpired(
-            "infer::DynamicBatcher: the request's deadline passed " + std::to_string(ms(formed - *r.deadline)) +
-            " ms before its batch was formed")));
-      } else if (error) {
+      if (error) {
         promise.set_exception(error);
       } else {
         promise.set_value(out[row++]);
