@@ -87,14 +87,26 @@ inline bool tf32_enabled() {
 
 #if NITRO_WITH_CUDA
 /// The per-process memory fraction of a device, where this LibTorch can say (2.10 and newer).
+// LibTorch makes the caching allocator's per-device state when CUDA is first used (its lazy init):
+// before that, reading or setting a fraction is an internal assert ("Allocator not initialized for
+// device"). Python's torch.cuda.set_per_process_memory_fraction initialises first; so do these.
+inline void init_cuda_allocator() {
+#if NITRO_TORCH_VERSION >= 206
+  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
+#else
+  at::globalContext().lazyInitCUDA();
+#endif
+}
 inline std::optional<double> cuda_memory_fraction([[maybe_unused]] c10::DeviceIndex device) {
 #if NITRO_TORCH_VERSION >= 210
+  init_cuda_allocator();
   return c10::cuda::CUDACachingAllocator::getMemoryFraction(device);
 #else
   return std::nullopt;
 #endif
 }
 inline void set_cuda_memory_fraction(double fraction, c10::DeviceIndex device) {
+  init_cuda_allocator();
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device);
 }
 #endif
