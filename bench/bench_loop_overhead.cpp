@@ -4,7 +4,14 @@
 // Both loops train the very same model and optimizer, in alternating blocks: two model copies sit
 // at different addresses, and that alone moved the ratio by +-4% on the CPU machine. That they do
 // the same work is checked first, on two copies from the same seed: equal parameters after a few steps.
+//
+// Then the same ratio as instruction counts (bench/instructions.hpp; by default where no GPU is
+// present): 5 steps of each after 5 uncounted, each under callgrind in a process of its own.
+// RESULT loop_overhead_instructions, goal <= 1.01.
+//
+//   bench_loop_overhead [rounds] [--instructions | --no-instructions] [--instructions-out=DIR]
 #include "common.hpp"
+#include "instructions.hpp"
 #include "models.hpp"
 
 #include <nitro/data/synthetic.hpp>
@@ -27,6 +34,7 @@ void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  nitro::bench::Instructions counts{argc, argv};
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 15, per_round = 8, warmup = 5, batches = 16;
   const bool gpu = nitro::Cuda::available();
   const c10::Device device = gpu ? nitro::Cuda::device() : nitro::Cpu::device();
@@ -48,6 +56,19 @@ int main(int argc, char** argv) {
     return [&model](const auto& b) { return torch::cross_entropy_loss(model->forward(b.first), b.second); };
   };
 
+  auto model = cnn();
+  model->to(device);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  nitro::level::Basic loop{model, optimizer};
+  int next = 0;
+  auto hand_step = [&] { hand_step_on(model, optimizer, inputs[static_cast<size_t>(next++ % batches)]); };
+  auto loop_step = [&] { loop.step(inputs[static_cast<size_t>(next++ % batches)], loss_of(model)); };
+
+  // Instruction counts: the same 5 steps of each after 5 uncounted, from the same model and batches.
+  counts.add("hand-written", hand_step, {.warmup = warmup, .steps = 5});
+  counts.add("basic", loop_step, {.warmup = warmup, .steps = 5});
+  if (counts.child()) return counts.run_child();  // a valgrind child: the variants' steps, nothing else
+
   // Same work: two copies, one per loop, stay equal step for step.
   double max_diff = 0;
   {
@@ -66,13 +87,6 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < pa.size(); ++i) max_diff = std::max(max_diff, (pa[i] - pb[i]).abs().max().item<double>());
   }
 
-  auto model = cnn();
-  model->to(device);
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-  nitro::level::Basic loop{model, optimizer};
-  int next = 0;
-  auto hand_step = [&] { hand_step_on(model, optimizer, inputs[static_cast<size_t>(next++ % batches)]); };
-  auto loop_step = [&] { loop.step(inputs[static_cast<size_t>(next++ % batches)], loss_of(model)); };
   for (int i = 0; i < warmup; ++i) {
     hand_step();
     loop_step();
@@ -86,5 +100,6 @@ int main(int argc, char** argv) {
   std::printf("%-22s %12.3f\n", "nitro level::Basic", o * 1e3);
   std::printf("same work: largest parameter difference between the two loops after 4 steps: %.3g\n", max_diff);
   nitro::bench::result("loop_overhead", o / h, "<=", 1.02);
+  counts.result("loop_overhead_instructions", "basic", "hand-written");
   return 0;
 }

@@ -10,9 +10,16 @@
 // RESULT guard_overhead = with stability::Guard (its defaults: a check every 10 steps, the good state
 //   copied to the host every 100) / without, goal <= 1.02.
 //
-//   bench_monitor [rounds]
+// Then the same three ratios as instruction counts (bench/instructions.hpp; by default where no GPU
+// is present): 100 steps of each loop after 20 uncounted, each under callgrind in a process of its
+// own, so that whatever happens every 10, 50 or 100 steps happens as often in each count. Goal <= 1.01:
+// RESULT monitor_overhead_instructions, tensorboard_overhead_instructions, guard_overhead_instructions.
+//
+//   bench_monitor [rounds] [--instructions | --no-instructions] [--instructions-out=DIR]
 #include "common.hpp"
+#include "instructions.hpp"
 
+#include <nitro/io/file.hpp>
 #include <nitro/monitor/phases.hpp>
 #include <nitro/monitor/progress.hpp>
 #include <nitro/monitor/report.hpp>
@@ -28,6 +35,7 @@
 #include <unistd.h>
 
 int main(int argc, char** argv) {
+  nitro::bench::Instructions counts{argc, argv};
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 30, per_round = 20, warmup = 20, batches = 16;
   const bool gpu = nitro::Cuda::available();
   const c10::Device device = gpu ? nitro::Cuda::device() : nitro::Cpu::device();
@@ -47,11 +55,43 @@ int main(int argc, char** argv) {
   nitro::level::Basic plain{model, optimizer};
   Watched watched{model, optimizer, {.monitor = {.warmup_steps = warmup}}};
   const std::int64_t total = static_cast<std::int64_t>(warmup + rounds * per_round);
-  nitro::monitor::ProgressBar bar{{.total = total, .desc = "bench_monitor (monitored steps)"}};
+  // In the valgrind child the bar writes to a log file, a plain line every 10 s of valgrind's slow
+  // clock: inside the count, and not as often in every run. There it writes none (natively, such a
+  // line comes once in thousands of steps); the check whether one is due still runs every step.
+  nitro::monitor::ProgressBar bar{{.total = total,
+                                   .desc = "bench_monitor (monitored steps)",
+                                   .plain_every_s = counts.child() ? 1e9 : 10.0}};
 
   int next = 0;
   auto plain_step = [&] { plain.step(inputs[static_cast<size_t>(next++ % batches)], loss_fn); };
   auto watched_step = [&] { bar.update(1, watched.step(inputs[static_cast<size_t>(next++ % batches)], loss_fn).loss); };
+  // The TensorBoard sink and the guard (measured in blocks further down).
+  const auto logdir = std::filesystem::temp_directory_path() / ("nitro-bench-monitor-" + std::to_string(::getpid()));
+  struct Cleanup {  // io::remove_tree: std::filesystem::remove_all crashes here (io/file.hpp)
+    std::filesystem::path p;
+    ~Cleanup() {
+      std::error_code ec;
+      nitro::io::remove_tree(p, ec);
+    }
+  } cleanup{logdir};
+  nitro::monitor::TensorBoardSink tb{logdir};
+  using Guarded = nitro::level::with<nitro::level::Basic, nitro::stability::Guard>;
+  Guarded guarded{model, optimizer};
+  std::int64_t logged = 0;
+  auto logged_step = [&] {
+    auto r = plain.step(inputs[static_cast<size_t>(next++ % batches)], loss_fn);
+    if (++logged % 10 == 0)
+      tb.write({.step = logged, .loss = r.loss.item<double>(), .lr = 0.01, .samples_per_s = 1000.0});
+  };
+  auto guarded_step = [&] { guarded.step(inputs[static_cast<size_t>(next++ % batches)], loss_fn); };
+
+  const nitro::bench::CountOptions counted{.warmup = warmup, .steps = 100};
+  counts.add("plain", plain_step, counted);
+  counts.add("monitored", watched_step, counted);
+  counts.add("tensorboard", logged_step, counted);
+  counts.add("guarded", guarded_step, counted);
+  if (counts.child()) return counts.run_child();  // the valgrind child: the variants' steps, nothing else
+
   for (int i = 0; i < warmup; ++i) {
     plain_step();
     watched_step();
@@ -67,33 +107,18 @@ int main(int argc, char** argv) {
   std::printf("%-40s %12.4f\n", "with monitor::Phases + ProgressBar", b * 1e3);
   std::printf("what the monitor saw of its own steps:\n%s", nitro::monitor::format(summary).c_str());
   nitro::bench::result("monitor_overhead", b / a, "<=", 1.02);
+  counts.result("monitor_overhead_instructions", "monitored", "plain");
 
   // Blocks of 100 steps: the plain loop, with a TensorBoard row every 10 steps, with the guard.
   constexpr int block = 100;
-  const auto logdir = std::filesystem::temp_directory_path() / ("nitro-bench-monitor-" + std::to_string(::getpid()));
-  struct Cleanup {
-    std::filesystem::path p;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(p, ec);
-    }
-  } cleanup{logdir};
-  nitro::monitor::TensorBoardSink tb{logdir};
-  using Guarded = nitro::level::with<nitro::level::Basic, nitro::stability::Guard>;
-  Guarded guarded{model, optimizer};
-  std::int64_t logged = 0;
   auto plain_block = [&] {
     for (int i = 0; i < block; ++i) plain_step();
   };
   auto logged_block = [&] {
-    for (int i = 0; i < block; ++i) {
-      auto r = plain.step(inputs[static_cast<size_t>(next++ % batches)], loss_fn);
-      if (++logged % 10 == 0)
-        tb.write({.step = logged, .loss = r.loss.item<double>(), .lr = 0.01, .samples_per_s = 1000.0});
-    }
+    for (int i = 0; i < block; ++i) logged_step();
   };
   auto guarded_block = [&] {
-    for (int i = 0; i < block; ++i) guarded.step(inputs[static_cast<size_t>(next++ % batches)], loss_fn);
+    for (int i = 0; i < block; ++i) guarded_step();
   };
   const int block_rounds = std::max(5, rounds / 3);
   plain_block();
@@ -113,5 +138,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(tb.events()));
   nitro::bench::result("tensorboard_overhead", t1 / t0, "<=", 1.02);
   nitro::bench::result("guard_overhead", g1 / g0, "<=", 1.02);
+  counts.result("tensorboard_overhead_instructions", "tensorboard", "plain");
+  counts.result("guard_overhead_instructions", "guarded", "plain");
   return 0;
 }

@@ -124,14 +124,11 @@ int main(int argc, char** argv) try {
   }
   const fs::path dir = fs::temp_directory_path() / ("nitro-bench-pipeline-" + std::to_string(::getpid()));
   fs::create_directories(dir / "tensors");
-  struct Cleanup {
+  struct Cleanup {  // io::remove_tree: std::filesystem::remove_all crashes here (io/file.hpp)
     fs::path p;
     ~Cleanup() {
       std::error_code ec;
-      for (const auto& e : fs::directory_iterator(p / "tensors", ec)) fs::remove(e.path(), ec);
-      fs::remove(p / "tensors", ec);
-      fs::remove(p / "data.nrec", ec);
-      fs::remove(p, ec);
+      nitro::io::remove_tree(p, ec);
     }
   } cleanup{dir};
 

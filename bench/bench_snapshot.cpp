@@ -2,11 +2,12 @@
 // parameters (24 Linear layers of 2048 x 2048) with Adam's state after one step, on the CPU.
 //
 //   snapshot::save   every parameter and buffer, Adam's two moments and step per parameter, the
-//                    generators; streamed with XXH64 checksums into a temporary file, fsync, rename,
+//                    generators; streamed with XXH3 checksums into a temporary file, fsync, rename,
 //                    fsync of the directory (the real thing: what a run pays per snapshot)
 //   torch::save      a std::vector<at::Tensor> of the same parameters and moments, no fsync
-//   snapshot::load   reads and checks every part, checks names, shapes and dtypes, then copies into
-//                    the live model and optimizer
+//   snapshot::load   reads and checks every part (format version 2: XXH3; for reference, the same
+//                    file in version 1, XXH64), checks names, shapes and dtypes, then copies into
+//                    the live model and makes the new tensors the optimizer's state
 //   torch::load      into a std::vector<at::Tensor> (and, for reference only, the same followed by
 //                    the copy into the live model and optimizer state that snapshot::load also does)
 //
@@ -16,7 +17,7 @@
 // RESULT snapshot_load_vs_torch_load likewise.
 #include "common.hpp"
 
-#include <nitro/io/snapshot.hpp>
+#include <nitro/snapshot/snapshot.hpp>
 
 #include <torch/torch.h>
 
@@ -75,8 +76,13 @@ int main() {
   load_torch();
   const auto [l_ours, l_torch] = nitro::bench::interleaved(load_ours, load_torch, 9, 1);
 
-  // For reference, not a goal: what restoring the live model from torch::load's tensors adds (the
-  // copy into place that snapshot::load does after its checks).
+  // For reference, not goals: a file of format version 1 (whose parts are checked with XXH64), and
+  // what restoring the live model from torch::load's tensors adds (the copy into place that
+  // snapshot::load does after its checks).
+  const fs::path v1 = dir / "snapshot-000000000001-000001.nitro";
+  nitro::snapshot::save(v1, contents, {.fsync = false, .format_version = 1});
+  std::vector<double> l_v1;
+  for (int i = 0; i < 3; ++i) l_v1.push_back(nitro::bench::seconds([&] { nitro::snapshot::load(v1, contents); }));
   std::vector<double> l_torch_copy;
   for (int i = 0; i < 3; ++i)
     l_torch_copy.push_back(nitro::bench::seconds([&] {
@@ -93,6 +99,8 @@ int main() {
   std::printf("%-34s %10.3f %10.2f\n", "snapshot::save (no fsync, once)", no_fsync, bytes / no_fsync / 1e9);
   std::printf("%-34s %10.3f %10.2f\n", "torch::save", st, bytes / st / 1e9);
   std::printf("%-34s %10.3f %10.2f\n", "snapshot::load (all checked)", lo, bytes / lo / 1e9);
+  const double lv1 = nitro::bench::median(l_v1);
+  std::printf("%-34s %10.3f %10.2f\n", "snapshot::load, format version 1", lv1, bytes / lv1 / 1e9);
   std::printf("%-34s %10.3f %10.2f\n", "torch::load", lt, bytes / lt / 1e9);
   const double ltc = nitro::bench::median(l_torch_copy);
   std::printf("%-34s %10.3f %10.2f\n", "torch::load + copy into the model", ltc, bytes / ltc / 1e9);
@@ -100,6 +108,7 @@ int main() {
               static_cast<double>(fs::file_size(theirs)) / 1e6);
   std::error_code ec;
   fs::remove(ours, ec);
+  fs::remove(v1, ec);
   fs::remove(theirs, ec);
   fs::remove(dir, ec);
   nitro::bench::result("snapshot_save_vs_torch_save", so / st, "<=", 1.25);

@@ -122,7 +122,9 @@ Row train_level(const std::string& name, const std::string& file, const Args& ar
   const std::int64_t steps = args.epochs * ((args.samples + micro_batch - 1) / micro_batch);
   nitro::monitor::ProgressBar bar{{.total = steps, .desc = name, .loss_every = 10}};
   const auto tensorboard = std::filesystem::path(args.metrics) / "tensorboard" / file;
-  std::filesystem::remove_all(tensorboard);  // one run per level: the last demo's
+  // The last demo's run of this level. Not std::filesystem::remove_all, which crashes in a program
+  // linked with LibTorch (nitro/io/file.hpp says why).
+  nitro::io::remove_tree(tensorboard);
   nitro::monitor::Sinks sinks{nitro::monitor::JsonLinesSink{std::filesystem::path(args.metrics) / (file + ".jsonl")},
                               nitro::monitor::CsvSink{std::filesystem::path(args.metrics) / (file + ".csv")},
                               nitro::monitor::TensorBoardSink{tensorboard}};

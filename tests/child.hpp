@@ -8,6 +8,7 @@
 //   const int status = nitro::test::run_child("train_some", {"a", "b"});   // its exit code
 #include <sys/types.h>
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,12 @@ pid_t spawn_child(const std::string& name, const std::vector<std::string>& args)
 int wait_child(pid_t pid);
 /// spawn_child, then wait_child.
 int run_child(const std::string& name, const std::vector<std::string>& args);
+/// Waits at most `limit` for a child: its exit code (as wait_child), or -1 when it was still running
+/// then (it is killed with SIGKILL and reaped).
+int wait_child_for(pid_t pid, std::chrono::milliseconds limit);
+/// Starts any program (`argv[0]` is its path) with standard output and error appended to `log`, in a
+/// process group of its own (so that killpg(pid, ...) reaches it and everything it starts); its pid.
+pid_t spawn_program(const std::vector<std::string>& argv, const std::string& log);
 
 }  // namespace nitro::test
 

@@ -14,6 +14,10 @@
 
 #include <torch/cuda.h>
 
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 #include <string_view>
@@ -38,9 +42,28 @@ std::string named_case(int argc, char** argv) {
   return {};
 }
 
+// A crash (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) prints the stack to standard error, then ends
+// the process as it would have: on a machine without a debugger (the GPU machine) the log says where.
+extern "C" void print_stack_and_die(int signo) {
+  void* frames[64];
+  const int n = ::backtrace(frames, 64);
+  const char line[] = "[nitro] crashed; the stack:\n";
+  (void)!::write(2, line, sizeof line - 1);
+  ::backtrace_symbols_fd(frames, n, 2);
+  ::signal(signo, SIG_DFL);
+  ::raise(signo);
+}
+
+void print_stack_on_crash() {
+  void* warm[1];
+  (void)::backtrace(warm, 1);  // loads libgcc's unwinder now, not inside the handler
+  for (const int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) ::signal(s, &print_stack_and_die);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  print_stack_on_crash();
   // `--nitro-child <name> args...`: a test's second process (tests/child.hpp), not doctest.
   if (const int code = nitro::test::run_child_main(argc, argv); code >= 0) return code;
   doctest::Context context;

@@ -4,8 +4,11 @@
 
 #include "child.hpp"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -64,6 +67,46 @@ int wait_child(pid_t pid) {
 
 int run_child(const std::string& name, const std::vector<std::string>& args) {
   return wait_child(spawn_child(name, args));
+}
+
+int wait_child_for(pid_t pid, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  for (;;) {
+    const pid_t got = ::waitpid(pid, &status, WNOHANG);
+    if (got == pid) break;
+    if (got < 0 && errno != EINTR) throw std::runtime_error("waitpid failed");
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pid, SIGKILL);
+      (void)wait_child(pid);
+      return -1;
+    }
+    ::usleep(10000);
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+pid_t spawn_program(const std::vector<std::string>& argv, const std::string& log) {
+  std::vector<std::string> all = argv;
+  std::vector<char*> args;
+  for (auto& a : all) args.push_back(a.data());
+  args.push_back(nullptr);
+  ::posix_spawn_file_actions_t files;
+  ::posix_spawn_file_actions_init(&files);
+  ::posix_spawn_file_actions_addopen(&files, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  ::posix_spawn_file_actions_adddup2(&files, 1, 2);
+  ::posix_spawnattr_t attr;
+  ::posix_spawnattr_init(&attr);
+  ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+  ::posix_spawnattr_setpgroup(&attr, 0);
+  pid_t pid = 0;
+  const int err = ::posix_spawn(&pid, all[0].c_str(), &files, &attr, args.data(), environ);
+  ::posix_spawn_file_actions_destroy(&files);
+  ::posix_spawnattr_destroy(&attr);
+  if (err != 0) throw std::runtime_error("posix_spawn " + all[0] + " failed: " + std::to_string(err));
+  return pid;
 }
 
 }  // namespace nitro::test

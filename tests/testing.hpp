@@ -5,6 +5,7 @@
 // It is removed here so that CHECK is doctest's; a test that included doctest before LibTorch
 // would silently get c10's.
 #include <nitro/core/device.hpp>
+#include <nitro/io/file.hpp>
 
 #include <torch/torch.h>
 
@@ -55,18 +56,11 @@ inline int gpu_count() { return nitro::Cuda::available() ? static_cast<int>(torc
 
 namespace nitro::test {
 
-/// Removes `p` and everything under it. Not std::filesystem::remove_all: libtorch.so (2.11) exports
-/// its own copy of it, which the dynamic linker prefers and which crashes (a call through a null
-/// pointer) on a directory that is not empty.
+/// Removes `p` and everything under it, errors ignored: nitro::io::remove_tree, not
+/// std::filesystem::remove_all, which crashes in a program linked with LibTorch (io/file.hpp says why).
 inline void remove_tree(const std::filesystem::path& p) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::is_directory(fs::symlink_status(p, ec))) {
-    std::vector<fs::path> children;
-    for (const auto& e : fs::directory_iterator(p, ec)) children.push_back(e.path());
-    for (const auto& child : children) remove_tree(child);
-  }
-  fs::remove(p, ec);
+  std::error_code ignored;
+  nitro::io::remove_tree(p, ignored);
 }
 
 /// A fresh path `<tmp>/<prefix>-<pid>-<n>` (created as an empty directory if asked), removed with

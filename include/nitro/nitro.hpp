@@ -9,12 +9,14 @@
 #include <nitro/core/device.hpp>
 #include <nitro/core/error.hpp>
 #include <nitro/core/state_dict.hpp>
+#include <nitro/core/step_result.hpp>
 
 #include <nitro/hw/settings.hpp>
 
 #include <nitro/graph/capture.hpp>
 #include <nitro/io/file.hpp>
-#include <nitro/io/snapshot.hpp>
+#include <nitro/snapshot/policy.hpp>
+#include <nitro/snapshot/snapshot.hpp>
 
 #include <nitro/memory/batch_size.hpp>
 #include <nitro/memory/monitor.hpp>

@@ -1,14 +1,16 @@
-// libFuzzer target over the snapshot reader (io/snapshot.hpp): any bytes, as a file, through
+// libFuzzer target over the snapshot reader (snapshot/snapshot.hpp): any bytes, as a file, through
 // Reader (footer, manifest, format version) and every part's decoder (counts, names, dtypes, shapes,
 // byte counts). A damaged input must end in nitro::Error; anything else (a crash, a sanitizer report,
 // another exception, an allocation beyond the input's size) is a finding.
 //
 // Built with FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION, which skips the checksum comparisons so that
 // mutated inputs reach the decoders (a real reader stops at the checksum). tests/fuzz/run.sh builds
-// and runs it; tests/fuzz/corpus/ holds small valid snapshots to start from.
+// and runs it; tests/fuzz/corpus/ holds small valid snapshots to start from: *.nitro of format
+// version 1 (XXH64; tests/snapshot/snapshot.cpp loads them as files an earlier Nitro wrote) and
+// *-v2.nitro of version 2 (XXH3).
 //
 // With --make-corpus DIR (a plain build, no fuzzer) it writes that corpus.
-#include <nitro/io/snapshot.hpp>
+#include <nitro/snapshot/snapshot.hpp>
 
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/sgd.h>
@@ -64,10 +66,15 @@ int main(int argc, char** argv) {
   extras.integers["i"] = 42;
   extras.numbers["x"] = 0.5;
   extras.strings["s"] = "text";
-  nitro::snapshot::save(dir / "extras.nitro", {.extras = &extras, .rng = false}, {.fsync = false});
-  nitro::snapshot::save(dir / "sgd.nitro", {.model = tiny.ptr().get(), .optimizer = &sgd, .rng = false}, {.fsync = false});
-  nitro::snapshot::save(dir / "adam.nitro", {.model = tiny.ptr().get(), .optimizer = &adam, .rng = false},
-                        {.fsync = false});
+  for (const std::uint32_t version : {1u, 2u}) {
+    const nitro::snapshot::SaveOptions options{.fsync = false, .format_version = version};
+    const std::string suffix = version == 1 ? ".nitro" : "-v2.nitro";
+    nitro::snapshot::save(dir / ("extras" + suffix), {.extras = &extras, .rng = false}, options);
+    nitro::snapshot::save(dir / ("sgd" + suffix), {.model = tiny.ptr().get(), .optimizer = &sgd, .rng = false},
+                          options);
+    nitro::snapshot::save(dir / ("adam" + suffix), {.model = tiny.ptr().get(), .optimizer = &adam, .rng = false},
+                          options);
+  }
   return 0;
 }
 #endif

@@ -10,12 +10,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <set>
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -104,6 +106,61 @@ void check_same(const Trajectory& a, const Trajectory& b, double rtol) {
     CAPTURE(i);
     CHECK(max_rel_diff(a.params[i], b.params[i]) <= rtol);
   }
+}
+
+// 16 steps alternating between batches of `a` and `b` rows (a first): 8-row batches train the whole
+// MLP, 5-row ones its first layer alone (the last layer gets no gradient: no update, no step). The
+// optimizer has two parameter groups of the same options, the first layer's and the last layer's;
+// change(k, optimizer), when given, runs before step k. Returns the parameters, each one's host step
+// count (AdamW's state) and, with Hook (the capture policy in Loop), its counts.
+struct Alternated {
+  std::vector<at::Tensor> params;
+  std::vector<std::int64_t> steps;
+  std::int64_t eager = -1, captures = -1, replays = -1, graphs = -1;
+};
+template <class Loop, class Hook = void>
+Alternated alternate(std::int64_t a, std::int64_t b, const c10::Device& device = c10::kCPU,
+                     const std::function<void(int, nitro::optim::FusedAdamW&)>& change = {}) {
+  auto model = make_mlp(3, device);
+  const torch::optim::AdamWOptions options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(model[0]->parameters(), std::make_unique<torch::optim::AdamWOptions>(options));
+  groups.emplace_back(model[2]->parameters(), std::make_unique<torch::optim::AdamWOptions>(options));
+  nitro::optim::FusedAdamW optimizer(groups, options);
+  Loop loop{model, optimizer};
+  auto* first = model[0]->as<torch::nn::Linear>();
+  const auto loss = [&](const auto& x) {
+    if (x.first.size(0) == 5) return torch::tanh(first->forward(x.first)).pow(2).mean();
+    return torch::cross_entropy_loss(model->forward(x.first), x.second);
+  };
+  for (int k = 0; k < 16; ++k) {
+    if (change) change(k, optimizer);
+    loop.step(batch(k, k % 2 == 0 ? a : b, device), loss);
+  }
+  CHECK(loop.optimizer_steps() == 16);
+  Alternated out;
+  if constexpr (!std::is_void_v<Hook>) {
+    const auto& c = loop.template hook<Hook>();
+    out.eager = c.eager_steps(), out.captures = c.captures(), out.replays = c.replays(), out.graphs = c.graphs();
+  }
+  for (const auto& p : model->parameters())
+    out.steps.push_back(static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(p.unsafeGetTensorImpl())).step());
+  out.params = values(*model);
+  return out;
+}
+
+// What only the 8-row graph's step covers, changed before step 11 (an 8-row step right after a
+// replay of the 5-row graph, with a = 5, b = 8): the Adam state of the last layer's weight replaced
+// (as a load of it would), or the last layer's group's learning rate (a number in the graph on the
+// CPU, and for double parameters on a GPU).
+void replace_last_state(int k, nitro::optim::FusedAdamW& optimizer) {
+  if (k != 11) return;
+  const auto& p = optimizer.param_groups()[1].params()[0];
+  auto& st = static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(p.unsafeGetTensorImpl()));
+  st.exp_avg(st.exp_avg().mul(0.5));
+}
+void change_last_lr(int k, nitro::optim::FusedAdamW& optimizer) {
+  if (k == 11) optimizer.param_groups()[1].options().set_lr(3e-3);
 }
 
 const auto eight = [](int) -> std::int64_t { return 8; };
@@ -208,6 +265,53 @@ TEST_CASE("graph::Capture (direct engine): each shape its own capture up to max_
   CHECK(c.eager_steps() == 3 + 4 + 1);
   CHECK(c.captures() == 3);
   CHECK(c.graphs() == 1);
+}
+
+TEST_CASE("graph::Capture (direct engine): two graphs over different parameters, stepped alternately, follow the eager loop") {
+  // Each shape is a graph of its own, and their steps alternate: each replay must advance the host
+  // step counters (the optimizer's state: what a snapshot saves and a resumed run's bias correction
+  // starts from) of its own graph's parameters, whichever graph was captured last. Both orders: the
+  // last capture updating fewer parameters than the other graph (the others' counters left behind:
+  // 4 for 8) and more (counters advanced without an update: 12 for 8).
+  for (const auto& [a, b] : {std::pair<std::int64_t, std::int64_t>{8, 5}, {5, 8}}) {
+    CAPTURE(a);
+    const auto got = alternate<nitro::TrainingLoop<Direct>, Direct>(a, b);
+    const auto ref = alternate<nitro::TrainingLoop<>>(a, b);
+    CHECK(got.eager == 6);  // three warm-ups per shape, a capture each, then replays
+    CHECK(got.captures == 2);
+    CHECK(got.replays == 8);
+    CHECK(got.graphs == 2);
+    CHECK(ref.steps == std::vector<std::int64_t>{16, 16, 8, 8});  // first layer every step, last layer the 8-row ones
+    CHECK(got.steps == ref.steps);
+    for (std::size_t i = 0; i < ref.params.size(); ++i) {
+      CAPTURE(i);
+      CHECK(max_rel_diff(got.params[i], ref.params[i]) <= 1e-6);
+    }
+  }
+}
+
+TEST_CASE("graph::Capture (direct engine): two graphs: a change to what only one graph's step uses is seen before that graph's replay") {
+  // Each graph's step is checked against its own record of what it captured, not the record of the
+  // graph replayed last (the 5-row one's here, which covers neither change): the 8-row graph is
+  // captured again at step 11, the 5-row one replays on, and the training follows the eager loop's.
+  // (This engine runs the step again at each replay, so a stale graph would still compute the right
+  // numbers here: the capture count is what shows it; on a GPU the numbers would show it too.)
+  for (const auto& [what, change] : {std::pair<std::string, void (*)(int, nitro::optim::FusedAdamW&)>{
+                                         "state replaced", replace_last_state},
+                                     {"learning rate taken as a number", change_last_lr}}) {
+    CAPTURE(what);
+    const auto got = alternate<nitro::TrainingLoop<Direct>, Direct>(5, 8, c10::kCPU, change);
+    const auto ref = alternate<nitro::TrainingLoop<>>(5, 8, c10::kCPU, change);
+    CHECK(got.eager == 6);
+    CHECK(got.captures == 3);  // steps 6 (5 rows) and 7 (8 rows); 11 (8 rows) again
+    CHECK(got.replays == 7);
+    CHECK(got.graphs == 2);
+    CHECK(got.steps == ref.steps);
+    for (std::size_t i = 0; i < ref.params.size(); ++i) {
+      CAPTURE(i);
+      CHECK(max_rel_diff(got.params[i], ref.params[i]) <= 1e-6);
+    }
+  }
 }
 
 TEST_CASE("graph::Capture (direct engine): state replaced under it (torch::load) is seen and the step captured again") {
@@ -376,6 +480,41 @@ TEST_CASE("graph::Capture (direct engine): state missing at capture (Fp16 warm-u
   for (std::size_t i = 0; i < a.size(); ++i) CHECK(max_rel_diff(a[i], b[i]) <= 1e-6);
 }
 
+TEST_CASE("graph::Capture (direct engine): an optimizer state replaced under one graph is let go by every graph it concerns") {
+  // Two graphs (5 rows: a loss of the first layer only; 8 rows: the whole model), both over the first
+  // layer. Its optimizer state replaced (as a load does) before a 5-row step: that graph is captured
+  // again, and the 8-row graph, whose step read the old tensors too, must not keep them alive until
+  // its shape comes again (it may never).
+  using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+  auto model = make_mlp(3);
+  const torch::optim::AdamWOptions options = torch::optim::AdamWOptions(1e-2).weight_decay(0.1);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(model[0]->parameters(), std::make_unique<torch::optim::AdamWOptions>(options));
+  groups.emplace_back(model[2]->parameters(), std::make_unique<torch::optim::AdamWOptions>(options));
+  nitro::optim::FusedAdamW optimizer(groups, options);
+  nitro::TrainingLoop<Direct> loop{model, optimizer};
+  auto* first = model[0]->as<torch::nn::Linear>();
+  const auto loss = [&](const auto& x) {
+    if (x.first.size(0) == 5) return torch::tanh(first->forward(x.first)).pow(2).mean();
+    return torch::cross_entropy_loss(model->forward(x.first), x.second);
+  };
+  std::optional<WeakImpl> old_avg, old_sq;
+  for (int k = 0; k < 11; ++k) {
+    if (k == 10) {
+      const auto& p = optimizer.param_groups()[0].params()[0];
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*optimizer.state().at(p.unsafeGetTensorImpl()));
+      old_avg.emplace(st.exp_avg().getIntrusivePtr());
+      old_sq.emplace(st.exp_avg_sq().getIntrusivePtr());
+      st.exp_avg(st.exp_avg().clone());
+      st.exp_avg_sq(st.exp_avg_sq().clone());
+    }
+    loop.step(batch(k, k % 2 == 0 ? 5 : 8), loss);
+  }
+  CHECK(old_avg->expired());
+  CHECK(old_sq->expired());
+  CHECK(loop.hook<Direct>().graphs() == 1);  // the 5-row graph, captured again; the 8-row one dropped
+}
+
 TEST_CASE("graph::Capture (direct engine): a shape is also the loss function's type, out of memory at a capture is tried again, another error makes the shape eager") {
   auto model = make_mlp(8);
   nitro::optim::FusedSGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
@@ -531,5 +670,38 @@ TEST_CASE("gpu: graph::Capture with amp::Fp16 and two shapes follows the eager l
   }
   CHECK(scales[0] == scales[1]);
   for (std::size_t i = 0; i < out[0].size(); ++i) CHECK(max_rel_diff(out[1][i], out[0][i]) <= 1e-5);
+}
+
+TEST_CASE("gpu: graph::Capture: two graphs over different parameters, stepped alternately, follow the eager loop" * nitro::test::needs_gpu()) {
+  // As the direct engine's case: here a replay runs no host code, so only the graph's own record of
+  // its step, which run_step makes current before the replay, tells the optimizer which counters to
+  // advance.
+  const c10::Device cuda(c10::kCUDA, 0);
+  for (const auto& [a, b] : {std::pair<std::int64_t, std::int64_t>{8, 5}, {5, 8}}) {
+    CAPTURE(a);
+    const auto got = alternate<nitro::TrainingLoop<nitro::graph::Capture>, nitro::graph::Capture>(a, b, cuda);
+    const auto ref = alternate<nitro::TrainingLoop<>>(a, b, cuda);
+    CHECK(got.eager == 6);
+    CHECK(got.captures == 2);
+    CHECK(got.replays == 8);
+    CHECK(ref.steps == std::vector<std::int64_t>{16, 16, 8, 8});
+    CHECK(got.steps == ref.steps);
+    for (std::size_t i = 0; i < ref.params.size(); ++i) {
+      CAPTURE(i);
+      CHECK(max_rel_diff(got.params[i], ref.params[i]) <= 1e-5);
+    }
+  }
+  // A state only the 8-row graph reads, replaced after a replay of the other: a stale graph would go
+  // on reading the old tensor (parameters off the eager loop's); the graph is captured again.
+  // (A float parameter's learning rate is read from a tensor here: a change needs no capture.)
+  const auto got = alternate<nitro::TrainingLoop<nitro::graph::Capture>, nitro::graph::Capture>(5, 8, cuda, replace_last_state);
+  const auto ref = alternate<nitro::TrainingLoop<>>(5, 8, cuda, replace_last_state);
+  CHECK(got.captures == 3);
+  CHECK(got.replays == 7);
+  CHECK(got.steps == ref.steps);
+  for (std::size_t i = 0; i < ref.params.size(); ++i) {
+    CAPTURE(i);
+    CHECK(max_rel_diff(got.params[i], ref.params[i]) <= 1e-5);
+  }
 }
 #endif  // NITRO_WITH_CUDA

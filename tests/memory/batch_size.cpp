@@ -15,6 +15,11 @@
 #endif
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+#include <tuple>
 #include <vector>
 
 using nitro::memory::BatchSizeOptions;
@@ -241,6 +246,273 @@ TEST_CASE("with the training loop the finder puts the loop back too: the first r
   CHECK(loop.optimizer_steps() == 2);
   CHECK(torch::equal(searched->weight, reference->weight));
   CHECK(torch::equal(searched->bias, reference->bias));
+}
+
+namespace {
+
+const at::Tensor& rows16() {
+  static const auto batch = torch::sin(torch::arange(4 * 16, torch::kFloat).reshape({4, 16}));
+  return batch;
+}
+torch::nn::Linear seeded_linear(std::int64_t in, std::int64_t out) {
+  torch::manual_seed(0);
+  return torch::nn::Linear(in, out);
+}
+auto square_loss(torch::nn::Linear& m) {
+  return [&m](const at::Tensor& x) { return m->forward(x).pow(2).mean(); };
+}
+
+}  // namespace
+
+TEST_CASE("a TrainingLoop stepped in a trial of the finder without a loop is an error naming the loop overload, and changes nothing") {
+  using Loop = nitro::TrainingLoop<nitro::accumulate::Fixed<3>, nitro::monitor::Phases>;
+  auto trapped = seeded_linear(16, 1), reference = seeded_linear(16, 1);
+  torch::optim::SGD opt_trapped(trapped->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD opt_reference(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  Loop loop{trapped, opt_trapped}, plain{reference, opt_reference};
+  // One micro-batch of a window of 3 first: a window in progress, with its gradients.
+  loop.step(rows16(), square_loss(trapped));
+  plain.step(rows16(), square_loss(reference));
+  const auto weight = trapped->weight.detach().clone(), grad = trapped->weight.grad().clone();
+  const auto monitored = loop.monitor().totals().steps;
+  for (const bool flush : {false, true}) {
+    CAPTURE(flush);
+    const auto trial = [&](std::int64_t b) {
+      rows_trial(b);
+      if (flush) (void)loop.flush();
+      else loop.step(rows16(), square_loss(trapped));
+    };
+    bool refused = false;
+    try {
+      nitro::memory::ScopedCpuTracking track{{.budget_bytes = rows_bytes(20) + 2048}};
+      (void)find_max_batch_size(trial, {.min = 1, .max = 64, .trials_per_size = 1, .model = trapped.ptr().get(),
+                                        .optimizer = &opt_trapped});
+    } catch (const nitro::Error& e) {
+      refused = true;
+      const std::string what = e.what();
+      CHECK(what.find(flush ? "TrainingLoop::flush inside a trial of find_max_batch_size(trial, options)"
+                            : "TrainingLoop::step inside a trial of find_max_batch_size(trial, options)") == 0);
+      CHECK(what.find("Give the finder the loop: find_max_batch_size(loop, trial, options)") != std::string::npos);
+      CHECK(what.find("accumulation window") != std::string::npos);
+    }
+    CHECK(refused);
+    CHECK(nitro::memory::detail::trial_loops == nullptr);
+    // The loop had not changed when the error came, and the finder put the model back.
+    CHECK(loop.pending_micro_batches() == 1);
+    CHECK(loop.optimizer_steps() == 0);
+    CHECK(loop.monitor().totals().steps == monitored);
+    CHECK(torch::equal(trapped->weight, weight));
+    CHECK(torch::equal(trapped->weight.grad(), grad));
+  }
+  // Outside any trial the loop steps, and trains exactly as one that never met the finder.
+  for (int i = 0; i < 5; ++i) {
+    const auto a = loop.step(rows16(), square_loss(trapped));
+    const auto b = plain.step(rows16(), square_loss(reference));
+    CHECK(a.stepped == b.stepped);
+  }
+  CHECK(loop.optimizer_steps() == 2);
+  CHECK(torch::equal(trapped->weight, reference->weight));
+  CHECK(torch::equal(trapped->bias, reference->bias));
+}
+
+TEST_CASE("a loop the finder was not given, stepped in a trial of the loop form, is an error that says to give every loop") {
+  auto first = seeded_linear(16, 1), second = seeded_linear(16, 1);
+  torch::optim::SGD opt_first(first->parameters(), 0.1), opt_second(second->parameters(), 0.1);
+  nitro::TrainingLoop<> given{first, opt_first}, other{second, opt_second};
+  const auto before = second->weight.detach().clone();
+  const auto trial = [&](std::int64_t) {
+    given.step(rows16(), square_loss(first));
+    other.step(rows16(), square_loss(second));
+  };
+  CHECK_THROWS_WITH_AS(find_max_batch_size(given, trial, {.min = 1, .max = 8}),
+                       doctest::Contains("on a TrainingLoop the finder was not given"), nitro::Error);
+  CHECK_THROWS_WITH_AS(find_max_batch_size(given, trial, {.min = 1, .max = 8}),
+                       doctest::Contains("find_max_batch_size(std::tie(loop_a, loop_b), trial, options)"), nitro::Error);
+  CHECK(given.optimizer_steps() == 0);
+  CHECK(other.optimizer_steps() == 0);
+  CHECK(torch::equal(first->weight, seeded_linear(16, 1)->weight));
+  CHECK(torch::equal(second->weight, before));
+  CHECK_FALSE(second->weight.grad().defined());
+}
+
+TEST_CASE("with several loops the finder puts every loop, model and optimizer back: training after it is training without it") {
+  // A GAN's two loops of different types: the generator accumulates over 2 micro-batches and is
+  // monitored; the critic steps Adam every micro-batch. The generator's loss reaches the critic's weights.
+  struct Gan {
+    torch::nn::Linear generator = seeded_linear(16, 16), critic = seeded_linear(16, 1);
+    torch::optim::SGD g_opt{generator->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9)};
+    torch::optim::Adam d_opt{critic->parameters(), torch::optim::AdamOptions(1e-2)};
+    nitro::TrainingLoop<nitro::accumulate::Fixed<2>, nitro::monitor::Phases> g_loop{generator, g_opt};
+    nitro::TrainingLoop<> d_loop{critic, d_opt};
+    void step(const at::Tensor& z) {
+      d_loop.step(z, [this](const at::Tensor& x) {
+        return critic->forward(generator->forward(x).detach()).mean() - critic->forward(x.cos()).mean();
+      });
+      g_loop.step(z, [this](const at::Tensor& x) { return -critic->forward(generator->forward(x)).mean(); });
+    }
+  };
+  Gan searched, reference;
+  // A step first: Adam's state, and a generator window in progress.
+  searched.step(rows16());
+  reference.step(rows16());
+  nitro::memory::BatchSizeResult found;
+  {
+    nitro::memory::ScopedCpuTracking track{{.budget_bytes = rows_bytes(20) + (64 << 10)}};
+    found = find_max_batch_size(std::tie(searched.g_loop, searched.d_loop),
+                                [&](std::int64_t b) {
+                                  rows_trial(b);
+                                  searched.step(rows16());
+                                },
+                                {.min = 1, .max = 64});
+  }
+  CHECK(found.largest_fit >= 20);
+  CHECK(found.first_failure == found.largest_fit + 1);  // a size ran out of memory: that path ran too
+  CHECK(nitro::memory::detail::trial_loops == nullptr);
+  CHECK(searched.g_loop.pending_micro_batches() == 1);
+  CHECK(searched.g_loop.optimizer_steps() == 0);
+  CHECK(searched.g_loop.monitor().totals().steps == reference.g_loop.monitor().totals().steps);
+  CHECK(searched.d_loop.optimizer_steps() == 1);
+  for (int i = 0; i < 5; ++i) {
+    const auto z = torch::sin(torch::arange(4 * 16, torch::kFloat).reshape({4, 16}) * (i + 2));
+    searched.step(z);
+    reference.step(z);
+  }
+  CHECK(searched.g_loop.optimizer_steps() == 3);
+  CHECK(searched.d_loop.optimizer_steps() == 6);
+  const auto a = searched.generator->parameters(), b = reference.generator->parameters();
+  for (std::size_t i = 0; i < a.size(); ++i) CHECK(torch::equal(a[i], b[i]));
+  const auto c = searched.critic->parameters(), d = reference.critic->parameters();
+  for (std::size_t i = 0; i < c.size(); ++i) CHECK(torch::equal(c[i], d[i]));
+}
+
+TEST_CASE("the finder's mark is this thread's, the innermost search's, and gone after every exit") {
+  using nitro::memory::detail::trial_loops;
+  CHECK(trial_loops == nullptr);
+  bool marked = false, other_thread_marked = true;
+  {
+    nitro::memory::ScopedCpuTracking track{{.budget_bytes = rows_bytes(5) + 100}};
+    const auto r = find_max_batch_size(
+        [&](std::int64_t b) {
+          marked = trial_loops != nullptr;
+          std::thread([&] { other_thread_marked = trial_loops != nullptr; }).join();  // a prefetcher's worker
+          rows_trial(b);
+        },
+        {.min = 1, .max = 8, .trials_per_size = 1});
+    CHECK(r.largest_fit == 5);  // sizes 6 and above ran out of memory
+  }
+  CHECK(marked);
+  CHECK_FALSE(other_thread_marked);
+  CHECK(trial_loops == nullptr);
+  const auto throws = [](std::int64_t) { throw std::runtime_error("a bug in the trial"); };
+  CHECK_THROWS_AS(find_max_batch_size(throws, {.max = 4}), std::runtime_error);
+  CHECK(trial_loops == nullptr);
+
+  // A search inside another's trial: its own loops (here none) decide in its trials; the outer
+  // finder's loop steps again in the outer trial once the inner search is over.
+  auto model = seeded_linear(16, 1);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  nitro::TrainingLoop<> loop{model, opt};
+  int outer_steps = 0;
+  (void)find_max_batch_size(
+      loop,
+      [&](std::int64_t) {
+        CHECK_THROWS_WITH_AS(
+            find_max_batch_size([&](std::int64_t) { loop.step(rows16(), square_loss(model)); }, {.max = 2}),
+            doctest::Contains("find_max_batch_size(loop, trial, options)"), nitro::Error);
+        loop.step(rows16(), square_loss(model));
+        ++outer_steps;
+      },
+      {.min = 1, .max = 1, .trials_per_size = 1});
+  CHECK(outer_steps == 1);
+  CHECK(loop.optimizer_steps() == 0);
+  CHECK(torch::equal(model->weight, seeded_linear(16, 1)->weight));
+  CHECK(trial_loops == nullptr);
+}
+
+TEST_CASE("the banner's examples, copied here, run: the loop form, several loops, a step written by hand") {
+  torch::manual_seed(0);
+  torch::nn::Linear model(16, 1), generator(16, 16), critic(16, 1);
+  torch::optim::SGD optimizer(model->parameters(), 0.1), g_opt(generator->parameters(), 0.1),
+      d_opt(critic->parameters(), 0.1);
+  nitro::TrainingLoop<> loop{model, optimizer}, generator_loop{generator, g_opt}, critic_loop{critic, d_opt};
+  const auto make_batch = [](std::int64_t b) { return torch::ones({b, 16}); };
+  const auto loss_fn = [&](const at::Tensor& x) { return model->forward(x).pow(2).mean(); };
+  const auto critic_loss = [&](const at::Tensor& x) { return critic->forward(generator->forward(x).detach()).mean(); };
+  const auto generator_loss = [&](const at::Tensor& x) { return -critic->forward(generator->forward(x)).mean(); };
+
+  auto found = nitro::memory::find_max_batch_size(
+      loop, [&](std::int64_t batch) { loop.step(make_batch(batch), loss_fn); },   // one training step
+      {.mode = nitro::memory::SearchMode::binsearch, .min = 8, .max = 4096, .margin = 0.1});
+  std::printf("batch %lld (%d sizes tried)\n", (long long)found.batch_size, found.trials);
+
+  auto both = nitro::memory::find_max_batch_size(
+      std::tie(generator_loop, critic_loop),
+      [&](std::int64_t b) {
+        critic_loop.step(make_batch(b), critic_loss);
+        generator_loop.step(make_batch(b), generator_loss);
+      },
+      {.max = 4096});
+
+  auto plain = nitro::memory::find_max_batch_size(
+      [&](std::int64_t b) { optimizer.zero_grad(); loss_fn(make_batch(b)).backward(); optimizer.step(); },
+      {.max = 4096, .model = model.ptr().get(), .optimizer = &optimizer});
+
+  // No memory limit here: every size fits.
+  CHECK(found.largest_fit == 4096);
+  CHECK(found.batch_size == 3686);  // 90% of it
+  CHECK(both.batch_size == 4096);
+  CHECK(plain.batch_size == 4096);
+  CHECK(loop.optimizer_steps() == 0);
+  CHECK(generator_loop.optimizer_steps() == 0);
+  CHECK(critic_loop.optimizer_steps() == 0);
+}
+
+TEST_CASE("the banner leads with the loop form, and each of its examples is the copy above, line for line") {
+  const auto read = [](const char* path) {
+    std::ifstream in(std::string(NITRO_SOURCE_DIR) + path);
+    REQUIRE(in);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const auto trimmed_lines = [](const std::string& text) {
+    std::vector<std::string> out;
+    std::size_t at = 0;
+    while (at < text.size()) {
+      const auto end = std::min(text.find('\n', at), text.size());
+      const auto line = text.substr(at, end - at);
+      const auto first = line.find_first_not_of(' ');
+      out.push_back(first == std::string::npos ? "" : line.substr(first));
+      at = end + 1;
+    }
+    return out;
+  };
+  const auto header = read("/include/nitro/memory/batch_size.hpp");
+  const auto test = trimmed_lines(read("/tests/memory/batch_size.cpp"));
+  // The banner: the comment before the first #include. An example: lines indented by 3 or more under
+  // "//", together, that call the finder.
+  std::vector<std::vector<std::string>> examples, blocks(1);
+  std::size_t at = 0;
+  for (;;) {
+    const auto end = header.find('\n', at);
+    const auto line = header.substr(at, end - at);
+    if (line.rfind("#include", 0) == 0) break;
+    at = end + 1;
+    if (line.rfind("//   ", 0) == 0) blocks.back().push_back(line.substr(line.find_first_not_of(" /")));
+    else if (!blocks.back().empty()) blocks.emplace_back();
+  }
+  for (const auto& b : blocks) {
+    bool calls = false;
+    for (const auto& l : b) calls = calls || l.find("find_max_batch_size(") != std::string::npos;
+    if (calls) examples.push_back(b);
+  }
+  REQUIRE(examples.size() == 3);
+  REQUIRE(examples[0].size() >= 2);
+  CHECK(examples[0][0] == "auto found = nitro::memory::find_max_batch_size(");
+  CHECK(examples[0][1].rfind("loop, ", 0) == 0);  // the loop form first
+  for (const auto& example : examples)
+    for (const auto& line : example) {
+      CAPTURE(line);
+      CHECK(std::find(test.begin(), test.end(), line) != test.end());
+    }
 }
 
 TEST_CASE("gpu: under a CUDA memory cap the finder finds the largest batch and puts model and every generator back" * nitro::test::needs_gpu()) {

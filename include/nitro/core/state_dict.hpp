@@ -1,6 +1,6 @@
 #pragma once
 // nitro::StateDict: the state of a piece of a training run (a hook policy, a sampler, the user's own
-// extras) as named tensors, integers, numbers and strings, which a snapshot (io/snapshot.hpp) saves
+// extras) as named tensors, integers, numbers and strings, which a snapshot (snapshot/snapshot.hpp) saves
 // and loads bit for bit. Integers are kept apart from numbers so that a counter above 2^53 survives.
 //
 //   nitro::StateDict s;

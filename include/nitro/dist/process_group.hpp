@@ -39,6 +39,7 @@
 #include <ATen/ops/flatten_dense_tensors.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/unflatten_dense_tensors.h>
+#include <ATen/ops/zeros.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -73,9 +74,14 @@
 #if !defined(USE_C10D_NCCL)
 #define USE_C10D_NCCL 1
 #endif
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
+
+#include <sys/stat.h>
 
 #include <atomic>
 #include <chrono>
@@ -84,6 +90,7 @@
 #include <exception>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -177,28 +184,62 @@ inline std::atomic<int> groups_made{0};
 }
 
 /// A store in a file every rank can reach (a shared or local file system); `world_size` ranks use it.
+/// One object per file (and world size) while that file lives: every call gives the same one, and the
+/// file is removed when the last rank's process ends normally. (c10d's FileStore removes its file when
+/// every rank has destroyed one of its objects, and checks that apart from removing it: a group made
+/// again on a new FileStore object, as one rank did it while another was still destroying the last
+/// group's, lost its keys to that removal and never met. Give groups that share a file the store this
+/// function returns, not a FileStore of your own per group.) A file removed or replaced since (a new
+/// run on the same path) gets a new object; the old one is kept, never destroyed, since its
+/// destructor would count itself out of the new file.
 [[nodiscard]] inline c10::intrusive_ptr<c10d::Store> file_store(const std::string& path, int world_size) {
   NITRO_CHECK(!path.empty(), "nitro::dist::file_store: the path is empty; give a file every rank can reach");
   NITRO_CHECK(world_size >= 1, "nitro::dist::file_store: world_size must be >= 1, got ", world_size);
-  return c10::make_intrusive<c10d::FileStore>(path, world_size);
+  struct Entry {
+    c10::intrusive_ptr<c10d::Store> store;
+    ::dev_t device = 0;
+    ::ino_t inode = 0;
+  };
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, int>, Entry> stores;
+  std::lock_guard lock(mutex);
+  Entry& e = stores[{path, world_size}];
+  struct ::stat st {};
+  const bool exists = ::stat(path.c_str(), &st) == 0;
+  if (e.store && exists && st.st_dev == e.device && st.st_ino == e.inode) return e.store;
+  if (e.store) (void)e.store.release();  // the file it counted itself in is gone: never destroyed
+  e.store = c10::make_intrusive<c10d::FileStore>(path, world_size);  // creates the file
+  if (::stat(path.c_str(), &st) == 0) {
+    e.device = st.st_dev;
+    e.inode = st.st_ino;
+  }
+  return e.store;
 }
 
 /// A TCP store at host:port: rank 0 serves it when `server` (the other ranks connect); torchrun's agent
-/// store is served by the launcher (server = false everywhere). Unreachable within `timeout`: nitro::Error.
+/// store is served by the launcher (server = false everywhere). As Python's TCPStore, every rank
+/// registers with the store when it connects and the server waits until all `world_size` have (so
+/// ranks started by hand, by SLURM or by a Kubernetes job, meet as under torchrun). Unreachable, or not
+/// every rank there, within `timeout`: nitro::Error.
 [[nodiscard]] inline c10::intrusive_ptr<c10d::Store> tcp_store(const std::string& host, std::uint16_t port, int world_size,
                                                                bool server, std::chrono::milliseconds timeout) {
+  NITRO_CHECK(world_size >= 1, "nitro::dist::tcp_store: world_size must be >= 1, got ", world_size);
   c10d::TCPStoreOptions o;
   o.port = port;
   o.isServer = server;
   o.numWorkers = static_cast<std::size_t>(world_size);
-  o.waitWorkers = server;
+  // Every rank, not only the server: a client that does not register leaves the server waiting for
+  // it until the timeout ("1/2 clients joined").
+  o.waitWorkers = true;
   o.timeout = timeout;
   try {
     return c10::make_intrusive<c10d::TCPStore>(host, o);
   } catch (const std::exception& e) {
-    ::nitro::detail::fail("nitro::dist: the store at ", host, ":", port, server ? " could not be served" : " could not be reached",
-                          " within ", timeout.count(), " ms (", e.what(), "); check MASTER_ADDR and MASTER_PORT, that rank 0 "
-                          "started, and that the port is free on rank 0's host");
+    ::nitro::detail::fail("nitro::dist: the store at ", host, ":", port,
+                          server ? " could not be served, or not all " : " could not be reached, or not all ", world_size,
+                          " ranks joined it, within ", timeout.count(), " ms (", e.what(), "); check MASTER_ADDR and "
+                          "MASTER_PORT, that every rank started with the same WORLD_SIZE, that rank 0 started, and that "
+                          "the port is free on rank 0's host");
   }
 }
 
@@ -324,6 +365,28 @@ class ProcessGroup {
     }
   }
 
+  /// Rank `root`'s tensors, in place, on every rank (one collective per tensor, each waited for).
+  void broadcast(std::vector<at::Tensor>& tensors, int root = 0, std::string_view what = "broadcast") const {
+    NITRO_CHECK(root >= 0 && root < s_->size, "nitro::dist::ProcessGroup::broadcast: root ", root, " is outside [0, ",
+                s_->size, ")");
+    try {
+      for (auto& t : tensors) {
+        c10d::BroadcastOptions o;
+        o.rootRank = root;
+        o.timeout = s_->options.timeout;
+        std::vector<at::Tensor> one{t};
+        s_->group->broadcast(one, o)->wait(s_->options.timeout);
+      }
+    } catch (...) {
+      detail::rethrow_collective(what, s_->rank, s_->size, s_->options.timeout);
+    }
+  }
+
+  /// A vote among the ranks (core/rank.hpp's Agreement) on this group: a one-element all-reduce
+  /// begun without waiting, on the CPU through Gloo; on a group with NCCL only, on the GPU, read one
+  /// vote late (end() returns the vote begun before the last) so that reading it never waits for the GPU.
+  [[nodiscard]] std::unique_ptr<Agreement> make_agreement() const;
+
   /// Shuts the backends down now (later collectives fail); the last copy's destruction does it too.
   void shutdown() const { s_->shutdown(); }
 
@@ -346,6 +409,7 @@ class ProcessGroup {
     ~Shared() {
       shutdown();
       if (owner) {
+        ::nitro::detail::set_agreement_factory(nullptr);
         ::nitro::detail::process_rank.store(0, std::memory_order_relaxed);
         ::nitro::detail::process_count.store(1, std::memory_order_relaxed);
         ::nitro::detail::process_groups_owner.store(0);
@@ -429,10 +493,129 @@ class ProcessGroup {
       s_->owner = true;
       ::nitro::detail::process_rank.store(rank, std::memory_order_relaxed);
       ::nitro::detail::process_count.store(size, std::memory_order_relaxed);
+      // The run's votes (snapshot::Policy's stop) go over this group while it lives.
+      ::nitro::detail::set_agreement_factory([weak = std::weak_ptr<Shared>(s_)]() -> std::unique_ptr<Agreement> {
+        auto shared = weak.lock();
+        return shared ? ProcessGroup(std::move(shared)).make_agreement() : nullptr;
+      });
     }
   }
+  explicit ProcessGroup(std::shared_ptr<Shared> shared) noexcept : s_(std::move(shared)) {}
 
   std::shared_ptr<Shared> s_;
 };
+
+namespace detail {
+
+/// ProcessGroup::make_agreement's vote: a one-element int32 all-reduce (sum) of the ranks' flags.
+class GroupAgreement final : public Agreement {
+ public:
+  explicit GroupAgreement(ProcessGroup group) : group_(std::move(group)) {
+    on_gpu_ = !group_.serves(c10::kCPU);
+#if NITRO_DIST_NCCL
+    if (on_gpu_) {
+      // The group's GPU (cuda:<local rank>, as the NCCL group was made), whatever thread votes.
+      const c10::Device device(c10::kCUDA, static_cast<c10::DeviceIndex>(group_.local_rank()));
+      for (auto& slot : slots_) {
+        slot.flag = at::zeros({1}, at::TensorOptions().dtype(at::kInt).device(device));
+        slot.host = at::zeros({1}, at::TensorOptions().dtype(at::kInt).pinned_memory(true));
+      }
+    }
+#endif
+    if (!on_gpu_) slots_[0].flag = at::zeros({1}, at::TensorOptions().dtype(at::kInt));
+  }
+  GroupAgreement(const GroupAgreement&) = delete;
+  GroupAgreement& operator=(const GroupAgreement&) = delete;
+  ~GroupAgreement() override {
+    try {
+      if (work_) work_->wait(group_.timeout());
+    } catch (...) {  // a rank is gone: nothing to wait for
+    }
+  }
+
+  void begin(bool flag) override {
+    if (pending_) (void)end();
+    Slot& slot = slots_[next_];
+    try {
+      if (!on_gpu_) {
+        *slot.flag.data_ptr<std::int32_t>() = flag ? 1 : 0;
+      } else {
+#if NITRO_DIST_NCCL
+        const c10::cuda::CUDAGuard on(slot.flag.device());
+#endif
+        slot.flag.fill_(flag ? 1 : 0);  // on the flag's device's current stream, no host buffer to race with
+      }
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d::ReduceOp::SUM;
+      o.timeout = group_.timeout();
+      tensors_.assign(1, slot.flag);
+      work_ = group_.group()->allreduce(tensors_, o);
+#if NITRO_DIST_NCCL
+      if (on_gpu_) {
+        const c10::cuda::CUDAGuard on(slot.flag.device());
+        work_->wait();  // the flag's stream waits for NCCL's; the host does not (no timeout given)
+        slot.host.copy_(slot.flag, /*non_blocking=*/true);
+        slot.done.record(c10::cuda::getCurrentCUDAStream(slot.flag.device().index()));
+        slot.used = true;
+        work_.reset();
+      }
+#endif
+    } catch (...) {
+      work_.reset();
+      rethrow_collective("the ranks' vote", group_.rank(), group_.size(), group_.timeout());
+    }
+    pending_ = true;
+  }
+
+  bool end() override {
+    NITRO_CHECK(pending_, "nitro::Agreement::end: no vote was begun; call begin(flag) first");
+    pending_ = false;
+    if (!on_gpu_) {
+      try {
+        work_->wait(group_.timeout());
+      } catch (...) {
+        work_.reset();
+        rethrow_collective("the ranks' vote", group_.rank(), group_.size(), group_.timeout());
+      }
+      work_.reset();
+      return *slots_[0].flag.data_ptr<std::int32_t>() > 0;
+    }
+#if NITRO_DIST_NCCL
+    // The vote begun before the last: its copy to the host finished long ago.
+    const std::size_t previous = 1 - next_;
+    next_ = previous;
+    Slot& slot = slots_[previous];
+    if (!slot.used) return false;
+    slot.done.synchronize();
+    return *slot.host.data_ptr<std::int32_t>() > 0;
+#else
+    return false;
+#endif
+  }
+
+  [[nodiscard]] bool pending() const noexcept override { return pending_; }
+
+ private:
+  struct Slot {
+    at::Tensor flag, host;
+#if NITRO_DIST_NCCL
+    at::cuda::CUDAEvent done;
+#endif
+    bool used = false;
+  };
+  ProcessGroup group_;
+  bool on_gpu_ = false;
+  bool pending_ = false;
+  std::size_t next_ = 0;
+  Slot slots_[2];
+  std::vector<at::Tensor> tensors_;
+  c10::intrusive_ptr<c10d::Work> work_;
+};
+
+}  // namespace detail
+
+inline std::unique_ptr<Agreement> ProcessGroup::make_agreement() const {
+  return std::make_unique<detail::GroupAgreement>(*this);
+}
 
 }  // namespace nitro::dist

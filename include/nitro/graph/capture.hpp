@@ -20,7 +20,11 @@
 //   - from then on the batch's tensors are copied into the graph's static input tensors and the graph
 //     is replayed on the current stream.
 //   Each shape gets its own graph, up to `max_graphs` (default 2: the batches of an epoch and its
-//   smaller last batch); the steps of any other shape run eagerly. Each graph holds its own memory
+//   smaller last batch); the steps of any other shape run eagerly. Graphs may update different
+//   parameters (one loss function per shape, one leaving some without a gradient): each graph keeps
+//   the optimizer's record of its own step (optim::FusedStep::device_step_record), made current
+//   again before each of its replays, so that a replay advances the host step counters of its own
+//   graph's parameters and the checks below are each graph's own. Each graph holds its own memory
 //   pool (the step's activations and gradients) for as long as it lives; a capture made again (see
 //   below) takes a new pool, and the old one returns to the device when the caching allocator frees
 //   its cache (on a failed allocation, or c10::cuda::CUDACachingAllocator::emptyCache()). StepResult (loss, loss_scale,
@@ -34,10 +38,11 @@
 //     kernels read it from a device tensor, refreshed before each replay: set it before step() or in
 //     a hook's on_step_begin; a double parameter's rate is a number in the graph: a change captures
 //     again); a
-//     change of any other option, of the parameters' storage (a snapshot or torch::load into the
-//     model), of which parameters require gradients, of the model's train/eval mode (its root
-//     module's flag) or of the optimizer's state tensors is seen before the next replay and the step
-//     is captured again (no warm-up needed);
+//     change of any other option or of the optimizer's state tensors is seen before the next replay
+//     of each graph whose step it concerns, and that graph is captured again (no warm-up needed); a
+//     change of the parameters' storage (a snapshot or torch::load into the model), of which
+//     parameters require gradients or of the model's train/eval mode (its root module's flag) is
+//     seen before the next replay, and every graph is captured again;
 //   - accumulate::Off and checkpoint::Off; hook policies with after_forward, after_backward or
 //     before_optimizer_step are refused (they would run once, at capture); the clip policy is
 //     captured with the step, the monitor runs around it;
@@ -272,9 +277,14 @@ class CaptureImpl {
       return warm_up(parts, /*begun=*/false);
     }
     parts.begin();  // first: a hook's on_step_begin may set the learning rate this step reads
-    // Still the tensors and settings the graphs were captured with? Else every graph is stale.
-    const bool intact = fused->prepare_device_step() && same_storage(loop);
-    if (!intact) drop_graphs();
+    // This graph's record of the optimizer's step made current: what prepare_device_step checks (are
+    // the tensors and options it captured still the optimizer's?) and advance_host advances after the
+    // replay. The model changed under it (storage, mode): every graph is stale; the optimizer
+    // changed under this graph's step: this graph is.
+    fused->use_device_step_record(e->captured ? e->record : nullptr);
+    const bool intact = fused->prepare_device_step();  // also brings the device rates and counters up to date
+    if (!same_storage(loop)) drop_graphs();
+    else if (e->captured && !intact) drop_graph(*e);
     if (!e->captured) {
       // Captures and runs this step (a first replay of the new graph); when state is still missing,
       // nothing was captured: an eager step makes it, and the next step captures.
@@ -298,6 +308,7 @@ class CaptureImpl {
     std::vector<at::Tensor> inputs;           // its tensors, in for_each_tensor order
     std::vector<at::Tensor> grads;            // the gradients the graph writes, kept alive
     DeviceStep out;                           // the graph's outputs
+    std::shared_ptr<const optim::DeviceStepRecord> record;  // the optimizer's record of the captured step
 #if NITRO_WITH_CUDA
     std::unique_ptr<Graph> graph;
 #endif
@@ -306,6 +317,7 @@ class CaptureImpl {
       batch.reset();
       inputs.clear(), grads.clear();
       out = {};
+      record.reset();
 #if NITRO_WITH_CUDA
       graph.reset();  // after the tensors above: its pool is released with it
 #endif
@@ -372,9 +384,21 @@ class CaptureImpl {
   void drop_graphs() noexcept {
     for (auto& e : entries_) e->drop();
     storage_.clear();
-    // No graph reads what the optimizer's last device step used any more: let it go (a state
-    // replaced by a load is not kept alive by it).
+    // No graph reads what the optimizer's device steps used any more: let it go (a state replaced by
+    // a load is not kept alive by it).
     if (fused_ != nullptr && !in_destructor_) fused_->release_device_step();
+  }
+  // One graph stale (the optimizer changed under its step): every other graph whose step the change
+  // concerns (a load replaces the state of every parameter) is dropped now too, so that no graph's
+  // record keeps the replaced state tensors alive until its shape comes again; the others live on.
+  void drop_graph(Entry& e) {
+    e.drop();
+    for (auto& other : entries_)
+      if (other->captured) {
+        fused_->use_device_step_record(other->record);
+        if (!fused_->prepare_device_step()) other->drop();
+      }
+    fused_->release_device_step();
   }
   struct Storage {
     at::Tensor tensor;
@@ -437,6 +461,7 @@ class CaptureImpl {
       for (const auto& p : group.params())
         if (p.grad().defined()) e.grads.push_back(p.grad());
     loop.optimizer().zero_grad(/*set_to_none=*/true);
+    e.record = fused.device_step_record();  // the captured step's, made current again before each replay
     if (storage_.empty()) {
       for (const auto& t : loop.model().parameters()) storage_.push_back({t, t.data_ptr(), t.requires_grad()});
       for (const auto& t : loop.model().buffers()) storage_.push_back({t, t.data_ptr(), t.requires_grad()});
@@ -458,6 +483,9 @@ class CaptureImpl {
     } else {
       e.out = parts.on_device(*static_cast<const Batch*>(e.batch.get()));
       loop.optimizer().zero_grad(/*set_to_none=*/true);  // a graph's backward writes fresh gradients
+      // A graph's replay runs no host code: the current record stays the graph's. Here the step ran
+      // again and made a record of its own: the graph's is made current again, as a replay leaves it.
+      fused_->use_device_step_record(e.record);
     }
     ++replays_;
     return parts.finish(e.out);

@@ -15,8 +15,8 @@
 // (`reduce_range`) as Python does on x86, where 8 bits can overflow the int16 intermediate sums.
 //
 // CPU only (the quantized engines are CPU ones), float32 inputs; the layer is for inference (no
-// gradient flows through it). On this project's machine a 1024 x 1024 layer at batch 32 runs about
-// twice as fast as the fp32 one (bench_infer: int8_linear_speedup).
+// gradient flows through it). bench_infer measures it against the fp32 layer (int8_linear_speedup;
+// the numbers are in bench/README.md).
 #include <nitro/core/error.hpp>
 
 #include <ATen/Context.h>

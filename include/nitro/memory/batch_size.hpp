@@ -4,23 +4,44 @@
 // size already runs out of memory; weights left changed by the trials).
 //
 //   auto found = nitro::memory::find_max_batch_size(
-//       [&](std::int64_t batch) { loop.step(make_batch(batch), loss_fn); },   // one training step
-//       {.mode = nitro::memory::SearchMode::binsearch, .min = 8, .max = 4096, .margin = 0.1,
-//        .model = model.ptr().get(), .optimizer = &optimizer});
+//       loop, [&](std::int64_t batch) { loop.step(make_batch(batch), loss_fn); },   // one training step
+//       {.mode = nitro::memory::SearchMode::binsearch, .min = 8, .max = 4096, .margin = 0.1});
 //   std::printf("batch %lld (%d sizes tried)\n", (long long)found.batch_size, found.trials);
 //
 // A trial runs the callable `trials_per_size` times at one size; it fails when it runs out of memory
 // in any form (memory/oom.hpp: the caching allocator's c10::OutOfMemoryError, cuBLAS's and cuDNN's
 // allocation failures, "CUDA error: out of memory", the CPU budget of ScopedCpuTracking); any other
-// error reaches the caller. Between trials the finder puts back the model's parameters, buffers and
-// gradients, the optimizer's state and options and the random generators of the CPU and of every GPU
-// the model is on (and the current one), bit for bit (StateBackup: host copies, put back in place),
-// and empties the CUDA cache. Given the TrainingLoop, it also puts back the loop (its counters, its
-// accumulation window, its loss scale, its split, its monitor's figures): the first real step after
-// the search is the step it would have been without it.
+// error reaches the caller. Between trials the finder puts back the loop (its counters, its
+// accumulation window, its loss scale, its split, the state_dict of each hook policy that has one,
+// its monitor's figures), the model's parameters, buffers and gradients, the optimizer's state and
+// options and the random generators of the CPU and of every GPU the model is on (and the current
+// one), bit for bit (StateBackup: host copies, put back in place), and empties the CUDA cache: the
+// first real step after the search is the step it would have been without it. What lives elsewhere
+// stays as the trials left it: a data source that make_batch reads on, a learning-rate schedule kept
+// outside the optimizer, a hook policy's fields without a state_dict (memory::Watch's counts),
+// graph::Capture's graphs (call its reset()), cuDNN's algorithm picks (below).
 //
-//   auto found = nitro::memory::find_max_batch_size(loop, [&](std::int64_t b) { loop.step(make_batch(b), loss_fn); },
-//                                                   {.max = 4096});
+// Several loops stepped by one trial (a GAN's generator and critic): give them all, each is put back
+// with its model and optimizer.
+//
+//   auto both = nitro::memory::find_max_batch_size(
+//       std::tie(generator_loop, critic_loop),
+//       [&](std::int64_t b) {
+//         critic_loop.step(make_batch(b), critic_loss);
+//         generator_loop.step(make_batch(b), generator_loss);
+//       },
+//       {.max = 4096});
+//
+// Without a TrainingLoop (a step written by hand), give the model and the optimizer to put back:
+//
+//   auto plain = nitro::memory::find_max_batch_size(
+//       [&](std::int64_t b) { optimizer.zero_grad(); loss_fn(make_batch(b)).backward(); optimizer.step(); },
+//       {.max = 4096, .model = model.ptr().get(), .optimizer = &optimizer});
+//
+// A TrainingLoop stepped (or flushed) in a trial whose finder was not given it is a nitro::Error, thrown
+// before the loop changes: that form cannot put the loop back, and training after the search would
+// differ from training without it. The check is per thread (memory/trial_loops.hpp): a loop stepped
+// on another thread inside a trial is not seen.
 //
 // With cuDNN autotuning on, read memory/oom.hpp on the algorithms picked near the limit.
 //
@@ -36,6 +57,7 @@
 #include <nitro/core/error.hpp>
 #include <nitro/memory/monitor.hpp>
 #include <nitro/memory/oom.hpp>
+#include <nitro/memory/trial_loops.hpp>
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
@@ -58,10 +80,12 @@
 #include <unordered_map>
 #include <mutex>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -124,7 +148,7 @@ bool with_state_type(const torch::optim::OptimizerParamState& state, F&& f) {
   return false;
 }
 
-/// The name a snapshot stores a state type under (io/snapshot.hpp), for the types above.
+/// The name a snapshot stores a state type under (snapshot/snapshot.hpp), for the types above.
 template <class S>
 inline constexpr std::string_view state_type_name = std::is_same_v<S, torch::optim::AdamWParamState> ? "adamw"
                                                     : std::is_same_v<S, torch::optim::AdamParamState>  ? "adam"
@@ -377,9 +401,11 @@ inline void release_cached_memory() {
 
 namespace detail {
 
-// The search; `restore_more()` runs after every trial, after the StateBackup.
+// The search; `restore_more()` runs after every trial, after the StateBackup. `loops`: those the
+// trials may step (TrainingLoop::step checks), the ones restore_more() puts back.
 template <class Trial, class RestoreMore>
-BatchSizeResult search_batch_size(Trial& trial, const BatchSizeOptions& o, RestoreMore&& restore_more) {
+BatchSizeResult search_batch_size(Trial& trial, const BatchSizeOptions& o, const TrialLoops& loops,
+                                  RestoreMore&& restore_more) {
   NITRO_CHECK(o.min >= 1, "find_max_batch_size: min must be >= 1, got ", o.min);
   NITRO_CHECK(o.max >= o.min, "find_max_batch_size: max (", o.max, ") must be >= min (", o.min, ")");
   NITRO_CHECK(o.margin >= 0.0 && o.margin < 1.0, "find_max_batch_size: margin must be in [0, 1) (a fraction), got ",
@@ -401,6 +427,7 @@ BatchSizeResult search_batch_size(Trial& trial, const BatchSizeOptions& o, Resto
     const auto t0 = Clock::now();
     bool fit = true;
     try {
+      const TrialScope in_trial(loops);  // ends before the state is put back, on every exit
       for (int i = 0; i < o.trials_per_size; ++i) {
         ++result.calls;
         trial(size);
@@ -464,12 +491,13 @@ BatchSizeResult search_batch_size(Trial& trial, const BatchSizeOptions& o, Resto
 /// `trial` is callable with a std::int64_t; it should run what training runs (forward, backward and
 /// an optimizer step). Exceptions other than out-of-memory reach the caller (after the state is put
 /// back). Throws nitro::Error when an option is invalid or min already runs out of memory.
-/// With a TrainingLoop, use the overload that takes it: this one does not know the loop's state.
+/// For a step written by hand. A TrainingLoop stepped in a trial is a nitro::Error: this form does not
+/// know the loop's state; use the overload that takes the loop.
 template <class Trial>
 BatchSizeResult find_max_batch_size(Trial&& trial, const BatchSizeOptions& o) {
   static_assert(std::is_invocable_v<Trial&, std::int64_t>,
                 "find_max_batch_size(trial, options): trial must be callable as trial(std::int64_t batch_size)");
-  return detail::search_batch_size(trial, o, [] {});
+  return detail::search_batch_size(trial, o, detail::TrialLoops{}, [] {});
 }
 
 /// What find_max_batch_size(loop, ...) needs of the loop: its model and optimizer, and its own
@@ -481,30 +509,80 @@ concept RestorableLoop = requires(L& loop) {
   loop.load_state(loop.state());
 };
 
-/// The same search around a TrainingLoop: the options' model and optimizer default to the loop's, and
-/// after every trial the loop's own state is put back too (and its monitor's figures, so trial steps
-/// count nowhere).
-///   auto found = find_max_batch_size(loop, [&](std::int64_t b) { loop.step(batch_of(b), loss_fn); }, {.max = 1024});
-template <RestorableLoop Loop, class Trial>
-BatchSizeResult find_max_batch_size(Loop& loop, Trial&& trial, BatchSizeOptions o) {
+namespace detail {
+
+// A loop with accumulate::Adaptive: it splits a batch instead of running out of memory.
+template <class L>
+concept AdaptiveLoop = requires(L& loop) { loop.splits_made(); };
+
+template <RestorableLoop... Loops, class Trial>
+BatchSizeResult search_with_loops(Trial& trial, BatchSizeOptions o, Loops&... loops) {
   static_assert(std::is_invocable_v<Trial&, std::int64_t>,
                 "find_max_batch_size(loop, trial, options): trial must be callable as trial(std::int64_t batch_size)");
-  static_assert(!requires { loop.splits_made(); },
+  static_assert((!AdaptiveLoop<Loops> && ...),
                 "find_max_batch_size(loop, ...): this loop has accumulate::Adaptive, which splits a batch that runs "
                 "out of memory instead of failing, so every size would seem to fit; search with the same loop "
                 "type without Adaptive, or let Adaptive find its split by itself");
-  if (o.model == nullptr) o.model = &loop.model();
-  if (o.optimizer == nullptr) o.optimizer = &loop.optimizer();
-  const auto saved = loop.state();
-  if constexpr (requires { loop.monitor().load_state(loop.monitor().state()); }) {
-    const auto monitor = loop.monitor().state();
-    return detail::search_batch_size(trial, o, [&] {
-      loop.load_state(saved);
-      loop.monitor().load_state(monitor);
-    });
-  } else {
-    return detail::search_batch_size(trial, o, [&] { loop.load_state(saved); });
-  }
+  // The first loop's model and optimizer fill the options' empty ones (the search's own backup);
+  // each other model and optimizer, once, gets a backup of its own.
+  auto& first = std::get<0>(std::tie(loops...));
+  if (o.model == nullptr) o.model = &first.model();
+  if (o.optimizer == nullptr) o.optimizer = &first.optimizer();
+  std::vector<const torch::nn::Module*> models{o.model};
+  std::vector<const torch::optim::Optimizer*> optimizers{o.optimizer};
+  std::vector<std::unique_ptr<StateBackup>> others;
+  const auto back_up = [&](auto& loop) {
+    torch::nn::Module* model = &loop.model();
+    torch::optim::Optimizer* optimizer = &loop.optimizer();
+    const auto seen = [](const auto& list, const auto* p) {
+      return std::find(list.begin(), list.end(), p) != list.end();
+    };
+    if (seen(models, model)) model = nullptr;
+    else models.push_back(model);
+    if (seen(optimizers, optimizer)) optimizer = nullptr;
+    else optimizers.push_back(optimizer);
+    if (model != nullptr || optimizer != nullptr) others.push_back(std::make_unique<StateBackup>(model, optimizer));
+  };
+  (back_up(loops), ...);
+  // Each loop's own state, and its monitor's figures, so trial steps count nowhere.
+  std::vector<std::function<void()>> put_back;
+  const auto keep = [&](auto& loop) {
+    if constexpr (requires { loop.monitor().load_state(loop.monitor().state()); }) {
+      put_back.push_back([&loop, saved = loop.state(), monitor = loop.monitor().state()] {
+        loop.load_state(saved);
+        loop.monitor().load_state(monitor);
+      });
+    } else {
+      put_back.push_back([&loop, saved = loop.state()] { loop.load_state(saved); });
+    }
+  };
+  (keep(loops), ...);
+  const void* const addresses[] = {static_cast<const void*>(&loops)...};
+  return search_batch_size(trial, o, TrialLoops{addresses, sizeof...(Loops)}, [&] {
+    for (auto& backup : others) backup->restore();
+    for (auto& f : put_back) f();
+  });
+}
+
+}  // namespace detail
+
+/// The same search around a TrainingLoop: after every trial the loop's model and optimizer (and the
+/// options', if they are others) and the loop's own state are put back (and its monitor's figures, so
+/// trial steps count nowhere). The trial may step and flush this loop only (others are a nitro::Error).
+///   auto found = find_max_batch_size(loop, [&](std::int64_t b) { loop.step(batch_of(b), loss_fn); }, {.max = 1024});
+template <RestorableLoop Loop, class Trial>
+BatchSizeResult find_max_batch_size(Loop& loop, Trial&& trial, BatchSizeOptions o) {
+  return detail::search_with_loops(trial, std::move(o), loop);
+}
+
+/// The same around several TrainingLoops that one trial steps (a GAN's generator and critic), given
+/// as std::tie(loop_a, loop_b): every loop, its model and its optimizer (and the options', if they are
+/// others) are put back after every trial, each model and optimizer once.
+///   auto found = find_max_batch_size(std::tie(g, d), [&](std::int64_t b) { d.step(...); g.step(...); }, {.max = 1024});
+template <RestorableLoop... Loops, class Trial>
+  requires(sizeof...(Loops) >= 1)
+BatchSizeResult find_max_batch_size(std::tuple<Loops&...> loops, Trial&& trial, BatchSizeOptions o) {
+  return std::apply([&](Loops&... each) { return detail::search_with_loops(trial, std::move(o), each...); }, loops);
 }
 
 }  // namespace nitro::memory

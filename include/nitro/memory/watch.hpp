@@ -19,7 +19,7 @@
 #include <nitro/core/config.hpp>
 #include <nitro/core/error.hpp>
 #include <nitro/memory/monitor.hpp>
-#include <nitro/train/hooks.hpp>
+#include <nitro/core/step_result.hpp>
 
 #include <malloc.h>
 

@@ -52,9 +52,10 @@
 // only: the kernels take found_inf and change nothing when it is 1 (the step counters advanced on the
 // device are put back with _foreach_sub_, as Python's fused path does), no host counter moves until
 // advance_host, no state is made (a parameter without state is an error: run eager steps first), and
-// the tensors used are remembered; prepare_device_step, before a capture and each replay, refreshes
-// the device learning rates and step counters from the host and says whether the remembered tensors
-// and the baked-in options (all but lr) are still the optimizer's.
+// the tensors used are kept in a record of that step (device_step_record: graph::Capture keeps one per
+// graph and makes it current again before the graph's replay); prepare_device_step, before a capture
+// and each replay, refreshes the device learning rates and step counters from the host and says
+// whether the current record's tensors and baked-in options are still the optimizer's.
 #include <nitro/core/error.hpp>
 #include <nitro/optim/fused_step.hpp>
 
@@ -76,6 +77,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -192,11 +194,11 @@ class LrTensors {
   std::vector<Entry> entries_;
 };
 
-/// What the last step_on_device used (a captured step reads these tensors at every replay), held so
-/// that none is freed while a graph may still read it, and so that prepare_device_step can tell
-/// whether the optimizer still holds them.
+/// What one step_on_device used (a captured step reads these tensors at every replay), held so that
+/// none is freed while a graph may still read it, and so that prepare_device_step can tell whether
+/// the optimizer still holds them. Made new by each step_on_device, never changed after.
 template <class Options>
-struct DeviceRecord {
+struct DeviceRecord final : DeviceStepRecord {
   struct Entry {
     at::Tensor param;
     const void* data = nullptr;                   // where the parameter's elements were
@@ -204,15 +206,11 @@ struct DeviceRecord {
     at::Tensor first, second, third, step;        // state tensors (those the optimizer has)
     StepTensors::Slot* counter = nullptr;         // Adam: the device step's slot
   };
-  bool valid = false;
+  const FusedStep* owner = nullptr;                // the optimizer that made it (the only one that reads it)
   std::size_t param_count = 0;                     // parameters of all groups at the time
   std::vector<Options> options;                    // each group's options as baked in
   std::vector<std::pair<std::size_t, double>> baked_lrs;  // (group, rate) passed as a number (double parameters)
   std::vector<Entry> entries;
-  void clear() noexcept {
-    valid = false, param_count = 0;
-    options.clear(), baked_lrs.clear(), entries.clear();
-  }
 };
 
 /// The options a captured step baked in are all but the learning rate (read from a tensor).
@@ -349,18 +347,26 @@ class Fused : public Base, public FusedStep {
                 "::step_on_device: found_inf must be a float32 scalar tensor (or undefined: never skip)");
     static_cast<Self&>(*this).run(grad_scale, &found_inf);
   }
+  std::shared_ptr<const DeviceStepRecord> device_step_record() const override {
+    return static_cast<const Self&>(*this).record_;
+  }
+  void use_device_step_record(std::shared_ptr<const DeviceStepRecord> record) override {
+    auto mine = std::dynamic_pointer_cast<const DeviceRecord<Options>>(record);
+    NITRO_EXPECTS(record == nullptr || (mine != nullptr && mine->owner == this));  // made by this optimizer
+    static_cast<Self&>(*this).record_ = std::move(mine);
+  }
   bool prepare_device_step() override {
     auto& self = static_cast<Self&>(*this);
     const auto& groups = this->param_groups();
-    const auto& record = self.record_;
-    bool intact = record.valid && groups.size() == record.options.size();
+    const DeviceRecord<Options>* record = self.record_.get();
+    bool intact = record != nullptr && groups.size() == record->options.size();
     // One pass over the parameters: every rate the kernels read from a tensor and every device step
     // counter brought up to date (also those no capture used yet: a capture may not fill one), and the
     // record's entries (in the groups' order) compared with what the optimizer holds now.
     std::size_t count = 0, next = 0;
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const auto& o = options_of<Options>(groups[g]);
-      intact = intact && same_but_lr(o, record.options[g]);
+      intact = intact && same_but_lr(o, record->options[g]);
       std::optional<c10::Device> last;  // each (group, device)'s rate once
       for (const auto& p : groups[g].params()) {
         ++count;
@@ -368,8 +374,9 @@ class Fused : public Base, public FusedStep {
           last = p.device();
           self.lrs_.get(g, p.device(), o.lr());
         }
-        const auto* e = next < record.entries.size() && record.entries[next].param.is_same(p) ? &record.entries[next++]
-                                                                                               : nullptr;
+        const auto* e = intact && next < record->entries.size() && record->entries[next].param.is_same(p)
+                            ? &record->entries[next++]
+                            : nullptr;
         const auto it = this->state().find(p.unsafeGetTensorImpl());
         auto* state = it != this->state().end() ? it->second.get() : nullptr;
         const at::Tensor* step = state != nullptr ? self.refresh(p, *state) : nullptr;  // Adam's counter
@@ -378,15 +385,17 @@ class Fused : public Base, public FusedStep {
                    (!e->step.defined() || (step != nullptr && step->is_same(e->step)));
       }
     }
-    intact = intact && count == record.param_count && next == record.entries.size();
-    for (const auto& [g, lr] : record.baked_lrs)  // a rate the kernels took as a number is in the graph
-      intact = intact && g < groups.size() && options_of<Options>(groups[g]).lr() == lr;
+    intact = intact && count == record->param_count && next == record->entries.size();
+    if (intact)
+      for (const auto& [g, lr] : record->baked_lrs)  // a rate the kernels took as a number is in the graph
+        intact = intact && g < groups.size() && options_of<Options>(groups[g]).lr() == lr;
     return intact;
   }
   void advance_host(bool stepped) override {
-    if (stepped) static_cast<Self&>(*this).advance(static_cast<Self&>(*this).record_);
+    auto& self = static_cast<Self&>(*this);
+    if (stepped && self.record_ != nullptr) self.advance(*self.record_);
   }
-  void release_device_step() noexcept override { static_cast<Self&>(*this).record_.clear(); }
+  void release_device_step() noexcept override { static_cast<Self&>(*this).record_.reset(); }
 
  protected:
   void check_groups() const {
@@ -432,11 +441,12 @@ class FusedAdamBase : public Fused<Self, Base, Options> {
       }
     } clear{per_group_};
     this->check_groups();
-    DeviceRecord<Options> record;
+    std::shared_ptr<DeviceRecord<Options>> record;  // on the device: this step's, the current one once it ran
+    if (on_device) record = std::make_shared<DeviceRecord<Options>>(), record->owner = this;
     std::size_t index = 0;
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const auto& o = options_of<Options>(groups[g]);
-      if (on_device) record.options.push_back(o), record.param_count += groups[g].params().size();
+      if (on_device) record->options.push_back(o), record->param_count += groups[g].params().size();
       for (const auto& p : groups[g].params()) {
         const std::size_t i = index++;
         if (!p.grad().defined()) continue;
@@ -481,7 +491,7 @@ class FusedAdamBase : public Fused<Self, Base, Options> {
         b.states.push_back(&state);
         b.counters.push_back(&counter);
         if (on_device) {
-          record.entries.push_back({p, p.data_ptr(), &state, state.exp_avg(), state.exp_avg_sq(),
+          record->entries.push_back({p, p.data_ptr(), &state, state.exp_avg(), state.exp_avg_sq(),
                                     o.amsgrad() ? state.max_exp_avg_sq() : at::Tensor(), counter.tensor, &counter});
         }
       }
@@ -505,7 +515,7 @@ class FusedAdamBase : public Fused<Self, Base, Options> {
         try {
           // The CPU takes the rate as a number; so do double parameters (a float32 rate would round it).
           if (b.device.is_cpu() || b.dtype == at::kDouble) {
-            if (on_device) record.baked_lrs.emplace_back(g, o.lr());
+            if (on_device) record->baked_lrs.emplace_back(g, o.lr());
             call(o.lr());
           } else {
             call(lrs_.get(g, b.device, o.lr(), /*may_fill=*/!on_device));
@@ -525,10 +535,7 @@ class FusedAdamBase : public Fused<Self, Base, Options> {
         }
       });
     }
-    if (on_device) {
-      record.valid = true;
-      record_ = std::move(record);
-    }
+    if (on_device) record_ = std::move(record);
   }
 
   // What prepare_device_step asks of each parameter with state: its device step counter up to date
@@ -541,8 +548,8 @@ class FusedAdamBase : public Fused<Self, Base, Options> {
     return s.exp_avg().is_same(e.first) && s.exp_avg_sq().is_same(e.second) &&
            (!e.third.defined() || s.max_exp_avg_sq().is_same(e.third));
   }
-  static void advance(DeviceRecord<Options>& record) {
-    for (auto& e : record.entries) {
+  static void advance(const DeviceRecord<Options>& record) {
+    for (const auto& e : record.entries) {
       auto& s = static_cast<State&>(*e.state);
       s.step(s.step() + 1);
       ++e.counter->value;
@@ -552,7 +559,7 @@ class FusedAdamBase : public Fused<Self, Base, Options> {
   std::vector<Buckets<State>> per_group_;
   StepTensors steps_;
   LrTensors lrs_;
-  DeviceRecord<Options> record_;
+  std::shared_ptr<const DeviceRecord<Options>> record_;  // the current record (see FusedStep); null: none
 };
 
 }  // namespace detail
@@ -593,7 +600,8 @@ class FusedSGD final : public detail::Fused<FusedSGD, torch::optim::SGD, torch::
     const bool on_device = found_inf != nullptr;
     detail::PerDevice scale(grad_scale);
     auto& groups = param_groups();
-    detail::DeviceRecord<torch::optim::SGDOptions> record;
+    std::shared_ptr<detail::DeviceRecord<torch::optim::SGDOptions>> record;  // as FusedAdam's
+    if (on_device) record = std::make_shared<detail::DeviceRecord<torch::optim::SGDOptions>>(), record->owner = this;
     if (stepped_.size() < groups.size()) stepped_.resize(groups.size()), fresh_.resize(groups.size());
     created_.clear();
     struct Clear {
@@ -610,7 +618,7 @@ class FusedSGD final : public detail::Fused<FusedSGD, torch::optim::SGD, torch::
       for (std::size_t g = 0; g < groups.size(); ++g) {
         const auto& o = detail::options_of<torch::optim::SGDOptions>(groups[g]);
         const bool momentum = o.momentum() != 0;
-        if (on_device) record.options.push_back(o), record.param_count += groups[g].params().size();
+        if (on_device) record->options.push_back(o), record->param_count += groups[g].params().size();
         for (const auto& p : groups[g].params()) {
           const std::size_t i = index++;
           if (!p.grad().defined()) continue;
@@ -655,7 +663,7 @@ class FusedSGD final : public detail::Fused<FusedSGD, torch::optim::SGD, torch::
           b->grads.push_back(p.grad());
           if (on_device) {
             auto* st = momentum ? state()[p.unsafeGetTensorImpl()].get() : nullptr;
-            record.entries.push_back({p, p.data_ptr(), st, momentum ? b->first.back() : at::Tensor(), {}, {}, {}, nullptr});
+            record->entries.push_back({p, p.data_ptr(), st, momentum ? b->first.back() : at::Tensor(), {}, {}, {}, nullptr});
           }
         }
       }
@@ -670,7 +678,7 @@ class FusedSGD final : public detail::Fused<FusedSGD, torch::optim::SGD, torch::
         const auto gs = scale.on(b.device);
         const auto fi = on_device && found_inf->defined() ? std::optional<at::Tensor>(*found_inf) : std::nullopt;
         if (b.device.is_cpu() || b.dtype == at::kDouble) {
-          if (on_device) record.baked_lrs.emplace_back(g, o.lr());
+          if (on_device) record->baked_lrs.emplace_back(g, o.lr());
           at::_fused_sgd_(b.params, b.grads, b.first, o.weight_decay(), o.momentum(), o.lr(), o.dampening(),
                           o.nesterov(), /*maximize=*/false, first_step, gs, fi);
         } else {
@@ -683,10 +691,7 @@ class FusedSGD final : public detail::Fused<FusedSGD, torch::optim::SGD, torch::
       fresh_[g].for_each([&](detail::Bucket<torch::optim::SGDParamState>& b) { call(b, true); });
       stepped_[g].for_each([&](detail::Bucket<torch::optim::SGDParamState>& b) { call(b, false); });
     }
-    if (on_device) {
-      record.valid = true;
-      record_ = std::move(record);
-    }
+    if (on_device) record_ = std::move(record);
   }
 
   // What prepare_device_step and advance_host ask (no step counters in SGD).
@@ -695,12 +700,12 @@ class FusedSGD final : public detail::Fused<FusedSGD, torch::optim::SGD, torch::
                          const detail::DeviceRecord<torch::optim::SGDOptions>::Entry& e) {
     return !e.first.defined() || static_cast<torch::optim::SGDParamState&>(base).momentum_buffer().is_same(e.first);
   }
-  static void advance(detail::DeviceRecord<torch::optim::SGDOptions>&) noexcept {}
+  static void advance(const detail::DeviceRecord<torch::optim::SGDOptions>&) noexcept {}
 
   std::vector<detail::Buckets<torch::optim::SGDParamState>> stepped_, fresh_;
   detail::LrTensors lrs_;
   std::vector<void*> created_;
-  detail::DeviceRecord<torch::optim::SGDOptions> record_;
+  std::shared_ptr<const detail::DeviceRecord<torch::optim::SGDOptions>> record_;  // the current record (see FusedStep)
 };
 
 }  // namespace nitro::optim

@@ -20,20 +20,26 @@
 //   data       a data::ResumableSampler's (seed, epoch, index)
 //   extras     the caller's own StateDict (named tensors, integers, numbers, strings)
 //
-// The file: the parts, then a text manifest (format version, LibTorch and Nitro versions, the time
-// in UTC, the loop's step, and each part's offset, size and XXH64 checksum), then a footer (the
-// manifest's offset, size and checksum, and a magic). It is written through io::AtomicFile (a
-// temporary name in the same directory, fsync, rename, fsync of the directory): a reader, or a
-// process after a crash, sees the old snapshot or the new one, never a part of one.
+// The file: a header (a magic, the format version, 4 zero bytes), the parts, then a text manifest
+// (format version, LibTorch and Nitro versions, the time in UTC, the loop's step, and each part's
+// offset, size and checksum), then a footer (the manifest's offset, size and XXH64 checksum, and a
+// magic). Parts are checked with XXH3 in format version 2 and with XXH64 in version 1 (with XXH64,
+// hashing took half as long as reading the file from the page cache); this Nitro writes version 2
+// (SaveOptions::format_version = 1 for an older Nitro) and reads both. It is written through
+// io::AtomicFile (a temporary name in the same directory, fsync, rename, fsync of the directory): a
+// reader, or a process after a crash, sees the old snapshot or the new one, never a part of one.
 //
-// Loading checks everything before it changes anything: the footer, the manifest, the format
-// version, every part's checksum (the whole file is read once), then the names, shapes and dtypes
-// of the model's parameters, buffers and gradients, the optimizer's type, groups, options and state
-// (each state tied to its parameter's name), the loop's AMP, accumulation and clip policies and its
-// hook policies' states, and the sampler's size. A corrupt, truncated or foreign file, another format version, or
-// a model or optimizer that does not match, throws nitro::Error naming the part and what differs,
-// and leaves the model, the optimizer, the loop, the sampler, the generators and the file as they
-// were.
+// Loading checks everything before it changes anything: the header, the footer, the manifest, the
+// format version, every part's checksum, then the names, shapes and dtypes of the model's
+// parameters, buffers and gradients, the optimizer's type, groups, options and state (each state
+// tied to its parameter's name), the loop's AMP, accumulation and clip policies and its hook
+// policies' states, and the sampler's size. A corrupt, truncated or foreign file, another format
+// version, or a model or optimizer that does not match, throws nitro::Error naming the part and what
+// differs, and leaves the model, the optimizer, the loop, the sampler, the generators and the file as
+// they were. The file is read once: a tensor's bytes go from the file into a new tensor in pieces,
+// each hashed while it is in the cache; once everything checks, the model's are copied into its live
+// tensors and the optimizer's new tensors become its state. So a load needs memory for one copy of
+// what it loads besides the live objects.
 //
 // Not saved: a learning-rate scheduler (LibTorch's keep their step count in the optimizer's options,
 // which are saved; a scheduler object of your own goes into `.extras`), the monitor's timings, and
@@ -42,7 +48,7 @@
 //
 // Exactness: with the same program, deterministic kernels and the same number of intra-op threads,
 // a run resumed from a snapshot reaches bitwise the parameters, optimizer state and loss scale of
-// the run that was not interrupted (tests/io/snapshot.cpp trains in a new process to check it).
+// the run that was not interrupted (tests/snapshot/snapshot.cpp trains in a new process to check it).
 // Tensors are stored in the host's byte order with their dtype: a snapshot moves between machines
 // of one byte order, and from GPU to CPU and back (tensors are loaded onto the device of the live
 // tensor they replace).
@@ -55,6 +61,7 @@
 #include <nitro/train/hooks.hpp>
 #include <nitro/version.hpp>
 
+#include <ATen/Parallel.h>
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -68,7 +75,6 @@
 #include <torch/serialize/output-archive.h>
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -92,6 +98,8 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -102,8 +110,10 @@
 
 namespace nitro::snapshot {
 
-/// The version of the file layout this Nitro writes and reads.
-inline constexpr std::uint32_t format_version = 1;
+/// The version of the file layout this Nitro writes: 2, whose parts' checksums are XXH3. It reads
+/// versions 1 (XXH64) and 2.
+inline constexpr std::uint32_t format_version = 2;
+inline constexpr std::uint32_t oldest_format_version = 1;
 
 /// What a snapshot's manifest says about it.
 struct Manifest {
@@ -111,7 +121,7 @@ struct Manifest {
     std::string name;
     std::uint64_t offset = 0;
     std::uint64_t bytes = 0;
-    std::uint64_t checksum = 0;  // XXH64 of the part's bytes
+    std::uint64_t checksum = 0;  // XXH3 of the part's bytes (format version 1: XXH64)
   };
   std::uint32_t format_version = 0;
   std::string libtorch;  // "2.11.0"
@@ -145,13 +155,16 @@ struct SaveOptions {
   /// fsync the file and its directory before save() returns (off only for tests and benchmarks
   /// that measure the write alone).
   bool fsync = true;
+  /// The layout to write: 2, or 1 for a Nitro that reads only version 1 (its parts are checked with
+  /// XXH64, which makes loading slower).
+  std::uint32_t format_version = snapshot::format_version;
 };
 
 namespace detail {
 
 inline constexpr char footer_magic[8] = {'N', 'I', 'T', 'R', 'O', 'S', 'N', 'P'};
 inline constexpr char header_magic[8] = {'N', 'I', 'T', 'R', 'O', 'S', 'N', '1'};
-inline constexpr std::size_t header_bytes = 16;  // magic, u32 format version, u32 zero
+inline constexpr std::size_t header_bytes = 16;  // magic, u32 format version, u32 zero (reserved)
 inline constexpr std::size_t footer_bytes = 32;  // u64 offset, u64 size, u64 XXH64 of the manifest, magic
 inline constexpr std::uint64_t max_manifest_bytes = 64ull << 20;
 inline constexpr std::uint32_t max_ndim = 64;
@@ -186,15 +199,37 @@ inline std::string utc_now() {
 //   u64 n, n x { str name, str value }                                                strings
 //   str = u64 length, bytes
 
+/// A part's checksum: XXH3 in format version 2, XXH64 in version 1.
+class PartHash {
+ public:
+  explicit PartHash(std::uint32_t version) noexcept : xxh3_(version >= 2) {}
+  void update(const void* data, std::size_t n) noexcept {
+    if (n == 0) return;
+    if (xxh3_) xxh3_hash_.update(data, n);
+    else xxh64_hash_.update(data, n);
+  }
+  [[nodiscard]] std::uint64_t digest() const noexcept { return xxh3_ ? xxh3_hash_.digest() : xxh64_hash_.digest(); }
+
+ private:
+  bool xxh3_;
+  io::Xxh3 xxh3_hash_;
+  io::Xxh64 xxh64_hash_;
+};
+
+/// Tensor bytes move between the file and memory in pieces of this size, each hashed right after
+/// it is copied, while it is still in the cache (the L2 of most CPUs holds it).
+inline constexpr std::size_t piece_bytes = 256u << 10;
+
 /// Writes parts into an AtomicFile, hashing each; small fields are gathered in a buffer, tensor
 /// bytes go straight from the tensor to the file.
 class PartWriter {
  public:
-  PartWriter(io::AtomicFile& file, std::uint64_t offset) : file_(&file), offset_(offset) {}
+  PartWriter(io::AtomicFile& file, std::uint64_t offset, std::uint32_t version)
+      : file_(&file), offset_(offset), version_(version), hash_(version) {}
 
   void begin(std::string name) {
     part_ = Manifest::Part{std::move(name), offset_, 0, 0};
-    hash_ = io::Xxh64();
+    hash_ = PartHash(version_);
   }
   Manifest::Part end() {
     flush();
@@ -206,10 +241,9 @@ class PartWriter {
   void put(const void* data, std::size_t n) {
     if (n >= (1u << 16)) {
       flush();
-      // In pieces that stay in the cache between the write and the hash: one pass over memory.
       const auto* p = static_cast<const char*>(data);
       for (std::size_t done = 0; done < n;) {
-        const std::size_t piece = std::min<std::size_t>(1u << 20, n - done);
+        const std::size_t piece = std::min(piece_bytes, n - done);
         file_->write(p + done, piece);
         hash_.update(p + done, piece);
         done += piece;
@@ -266,31 +300,47 @@ class PartWriter {
  private:
   io::AtomicFile* file_;
   std::uint64_t offset_;
+  std::uint32_t version_;
   Manifest::Part part_;
-  io::Xxh64 hash_;
+  PartHash hash_;
   std::vector<char> buffer_;
 };
 
 /// Reads one part from the file, checking every length against what is left of the part and
-/// hashing every byte; the caller compares the hash once the part is read.
+/// hashing every byte; the caller compares the hash once the part is read. Small fields come
+/// through a buffer (one read for many of them); a tensor's bytes go from the file straight into the
+/// tensor, in pieces each hashed right after it is read, while it is in the cache: each byte is
+/// copied from the page cache once and hashed from the cache.
 class PartReader {
  public:
-  PartReader(int fd, const std::filesystem::path& file, const Manifest::Part& part)
-      : fd_(fd), file_(&file), part_(&part), at_(part.offset), left_(part.bytes) {}
+  PartReader(int fd, const std::filesystem::path& file, const Manifest::Part& part, std::uint32_t version)
+      : fd_(fd), file_(&file), part_(&part), at_(part.offset), left_(part.bytes), hash_(version) {}
 
   void get(void* data, std::size_t n) {
     if (n > left_) fail("it ends early");
     auto* p = static_cast<char*>(data);
-    // In pieces that stay in the cache between the read and the hash: one pass over memory.
-    constexpr std::size_t piece = 1u << 20;
-    for (std::size_t done = 0; done < n;) {
-      const std::size_t want = std::min(piece, n - done);
-      if (!io::pread_all(fd_, p + done, want, at_ + done)) fail("the file ends early or a read failed");
-      hash_.update(p + done, want);
-      done += want;
+    while (n > 0) {
+      if (buffered() == 0) {
+        if (n >= buffer_bytes) {  // more than the buffer holds: straight into place
+          for (std::size_t done = 0; done < n;) {
+            const std::size_t want = std::min(piece_bytes, n - done);
+            if (!io::pread_all(fd_, p + done, want, at_)) fail("the file ends early or a read failed");
+            hash_.update(p + done, want);
+            consumed(want);
+            done += want;
+          }
+          return;
+        }
+        refill();
+      }
+      const std::size_t take = std::min(n, buffered());
+      std::memcpy(p, buffer_.get() + used_, take);
+      hash_.update(p, take);
+      used_ += take;
+      consumed(take);
+      p += take;
+      n -= take;
     }
-    at_ += n;
-    left_ -= n;
   }
   template <class T>
   T get_value() {
@@ -373,12 +423,13 @@ class PartReader {
 
   /// Hashes the rest of the part (without consuming it) and checks the checksum now.
   void verify_ahead() {
-    io::Xxh64 hash = hash_;
-    std::vector<char> buffer(std::min<std::uint64_t>(left_, 4u << 20));
-    for (std::uint64_t at = at_, left = left_; left > 0;) {
-      const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(left, buffer.size()));
-      if (!io::pread_all(fd_, buffer.data(), want, at)) fail("the file ends early or a read failed");
-      hash.update(buffer.data(), want);
+    PartHash hash = hash_;
+    if (buffered() > 0) hash.update(buffer_.get() + used_, buffered());
+    std::vector<char> piece(std::min<std::uint64_t>(left_, piece_bytes));
+    for (std::uint64_t at = at_ + buffered(), left = left_ - buffered(); left > 0;) {
+      const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(left, piece.size()));
+      if (!io::pread_all(fd_, piece.data(), want, at)) fail("the file ends early or a read failed");
+      hash.update(piece.data(), want);
       at += want;
       left -= want;
     }
@@ -398,18 +449,36 @@ class PartReader {
 
   /// Reads the rest of the part without keeping it (to check its checksum).
   void skip_rest() {
-    std::vector<char> buffer(std::min<std::uint64_t>(left_, 4u << 20));
-    while (left_ > 0) get(buffer.data(), std::min<std::uint64_t>(left_, buffer.size()));
+    std::vector<char> piece(std::min<std::uint64_t>(left_, piece_bytes));
+    while (left_ > 0) get(piece.data(), static_cast<std::size_t>(std::min<std::uint64_t>(left_, piece.size())));
   }
 
   [[noreturn]] void fail(std::string_view what) const { corrupt(*file_, part_->name, what); }
 
  private:
+  static constexpr std::size_t buffer_bytes = 64u << 10;
+
+  [[nodiscard]] std::size_t buffered() const noexcept { return filled_ - used_; }
+  void consumed(std::size_t n) noexcept {
+    at_ += n;
+    left_ -= n;
+  }
+  /// Reads the next bytes of the part (up to the buffer's size) into the empty buffer.
+  void refill() {
+    if (!buffer_) buffer_ = std::make_unique_for_overwrite<char[]>(buffer_bytes);
+    const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(left_, buffer_bytes));
+    if (!io::pread_all(fd_, buffer_.get(), want, at_)) fail("the file ends early or a read failed");
+    used_ = 0;
+    filled_ = want;
+  }
+
   int fd_;
   const std::filesystem::path* file_;
   const Manifest::Part* part_;
-  std::uint64_t at_, left_;
-  io::Xxh64 hash_;
+  std::uint64_t at_, left_;  // the next byte not consumed, and how many of the part's are left
+  PartHash hash_;
+  std::unique_ptr<char[]> buffer_;  // bytes from at_ on: [used_, filled_) not consumed yet
+  std::size_t used_ = 0, filled_ = 0;
   std::uint64_t decoded_ = 0;
   bool verified_ = false;
 };
@@ -497,8 +566,9 @@ inline std::optional<std::pair<std::int64_t, std::int64_t>> snapshot_name_number
 
 }  // namespace detail
 
-/// An open snapshot file whose footer and manifest are checked; parts are read (and their checksums
-/// checked) on demand. Throws nitro::Error for a file that is not a readable snapshot of this format.
+/// An open snapshot file whose header, footer and manifest are checked; parts are read (and their
+/// checksums checked) on demand. Throws nitro::Error for a file that is not a readable snapshot of a
+/// format version this Nitro reads (1 or 2).
 class Reader {
  public:
   explicit Reader(std::filesystem::path file) : file_(std::move(file)) {
@@ -515,8 +585,17 @@ class Reader {
     char header[detail::header_bytes];
     read_at(header, sizeof header, 0);
     if (std::memcmp(header, detail::header_magic, 8) != 0) detail::corrupt(file_, "", "it does not begin like a snapshot");
-    std::uint32_t version;
+    // The version before anything else: a later format may place its footer elsewhere, or use the
+    // reserved bytes.
+    std::uint32_t version, reserved;
     std::memcpy(&version, header + 8, 4);
+    std::memcpy(&reserved, header + 12, 4);
+    NITRO_CHECK(version >= oldest_format_version && version <= snapshot::format_version, "nitro::snapshot: ",
+                file_.string(), " has format version ", version, "; this Nitro (", version_string,
+                ") reads format versions ", oldest_format_version, " and ", snapshot::format_version,
+                ". Load it with the Nitro that wrote it; if none writes that version, the file is damaged");
+    if (reserved != 0) detail::corrupt(file_, "", "the header's reserved bytes (12 to 15) are not zero");
+    version_ = version;
     char footer[detail::footer_bytes];
     read_at(footer, sizeof footer, size_ - sizeof footer);
     if (std::memcmp(footer + 24, detail::footer_magic, 8) != 0)
@@ -538,10 +617,10 @@ class Reader {
 #endif
     auto manifest = detail::parse_manifest(text);
     if (!manifest) detail::corrupt(file_, "manifest", "it is not a manifest this Nitro can parse");
-    NITRO_CHECK(manifest->format_version == format_version && version == format_version, "nitro::snapshot: ",
-                file_.string(), " has format version ", manifest->format_version, "; this Nitro (", version_string,
-                ") reads format version ", format_version, ". Load it with the Nitro that wrote it (", manifest->nitro,
-                ")");
+    // The header and the manifest agree, or one of them is damaged (or forged).
+    if (manifest->format_version != version)
+      detail::corrupt(file_, "manifest", ::nitro::detail::concat("it says format version ", manifest->format_version,
+                                                                 ", the header ", version));
     if (manifest->parts.size() > detail::max_parts) detail::corrupt(file_, "manifest", "it lists too many parts");
     std::set<std::string_view> names;
     for (const auto& p : manifest->parts) {
@@ -554,6 +633,8 @@ class Reader {
 
   [[nodiscard]] const Manifest& manifest() const noexcept { return manifest_; }
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return file_; }
+  /// The file's format version (1 or 2).
+  [[nodiscard]] std::uint32_t format_version() const noexcept { return version_; }
   [[nodiscard]] bool has(std::string_view part) const noexcept { return manifest_.find(part) != nullptr; }
 
   /// The part decoded, its checksum checked. Throws nitro::Error naming the part when it is absent or damaged.
@@ -561,7 +642,7 @@ class Reader {
     const auto* p = manifest_.find(part);
     NITRO_CHECK(p != nullptr, "nitro::snapshot: ", file_.string(), " has no part \"", part,
                 "\"; it was saved without it (see snapshot::Contents)");
-    detail::PartReader in(fd_.get(), file_, *p);
+    detail::PartReader in(fd_.get(), file_, *p, version_);
     StateDict d = in.get_dict();
     read_.push_back(p);
     return d;
@@ -572,7 +653,7 @@ class Reader {
   void verify_unread() const {
     for (const auto& p : manifest_.parts) {
       if (std::find(read_.begin(), read_.end(), &p) != read_.end()) continue;
-      detail::PartReader in(fd_.get(), file_, p);
+      detail::PartReader in(fd_.get(), file_, p, version_);
       in.skip_rest();
       in.finish();
     }
@@ -582,7 +663,7 @@ class Reader {
   /// damaged part.
   void verify() const {
     for (const auto& p : manifest_.parts) {
-      detail::PartReader in(fd_.get(), file_, p);
+      detail::PartReader in(fd_.get(), file_, p, version_);
       in.skip_rest();
       in.finish();
     }
@@ -596,6 +677,7 @@ class Reader {
   std::filesystem::path file_;
   io::Fd fd_;
   std::uint64_t size_ = 0;
+  std::uint32_t version_ = 0;
   Manifest manifest_;
   mutable std::vector<const Manifest::Part*> read_;  // parts read (and checked) so far
 };
@@ -743,19 +825,64 @@ inline ModelLoad prepare_model(const std::filesystem::path& file, torch::nn::Mod
   return out;
 }
 
+/// Copies loaded tensors into live ones of their shapes and dtypes (live, loaded). On the CPU, in
+/// pieces of 4 MiB that at::get_num_threads() threads take in turn, so that a thread the machine
+/// gives no time holds up no other: at::copy_, which gives each thread an equal share, took three
+/// times as long as one thread's memcpy on a busy machine. Other devices, and tensors that are not
+/// contiguous, through copy_. Throws only as copy_ does (the CPU path does not).
+inline void copy_into(const std::vector<std::pair<at::Tensor, at::Tensor>>& copies) {
+  struct Piece {
+    char* to;
+    const char* from;
+    std::size_t bytes;
+  };
+  constexpr std::size_t piece_size = 4u << 20;
+  std::vector<Piece> pieces;
+  for (const auto& [live, saved] : copies) {
+    if (live.device().is_cpu() && saved.device().is_cpu() && live.is_contiguous() && saved.is_contiguous() &&
+        live.scalar_type() == saved.scalar_type() && live.nbytes() == saved.nbytes()) {
+      auto* to = static_cast<char*>(live.data_ptr());
+      const auto* from = static_cast<const char*>(saved.data_ptr());
+      for (std::size_t at = 0; at < live.nbytes(); at += piece_size)
+        pieces.push_back({to + at, from + at, std::min(piece_size, live.nbytes() - at)});
+      live.unsafeGetTensorImpl()->bump_version();  // as copy_ does: autograd sees the change
+    } else {
+      live.detach().copy_(saved);
+    }
+  }
+  std::atomic<std::size_t> next{0};
+  const auto work = [&]() noexcept {
+    for (std::size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < pieces.size();)
+      std::memcpy(pieces[i].to, pieces[i].from, pieces[i].bytes);
+  };
+  const auto threads =
+      std::min<std::size_t>(static_cast<std::size_t>(std::max(1, at::get_num_threads())), pieces.size());
+  std::vector<std::thread> helpers;
+  for (std::size_t t = 1; t < threads; ++t) {
+    try {
+      helpers.emplace_back(work);
+    } catch (const std::system_error&) {  // no more threads: the others and this one do the rest
+      break;
+    }
+  }
+  work();
+  for (auto& h : helpers) h.join();
+}
+
 inline void apply_model(ModelLoad& load) {
   at::NoGradGuard no_grad;
-  for (auto& [live, saved] : load.copies) live.detach().copy_(saved);
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies = load.copies;
   for (auto& [param, grad] : load.grads) {
     if (!grad.defined()) {
       param.mutable_grad() = at::Tensor{};
     } else if (param.grad().defined() && param.grad().sizes() == grad.sizes() &&
                param.grad().scalar_type() == grad.scalar_type()) {
-      param.mutable_grad().detach().copy_(grad);
+      copies.emplace_back(param.grad(), grad);
     } else {
       param.mutable_grad() = grad.to(param.device(), /*non_blocking=*/false, /*copy=*/true);
     }
   }
+  copy_into(copies);
 }
 
 inline std::string serialize_options(const torch::optim::OptimizerOptions& options) {
@@ -1061,6 +1188,10 @@ State loop_state(const StateDict& d) {
 
 inline void save(const std::filesystem::path& file, const Contents& c, const LoopAccess* loop,
                  const SaveOptions& options) {
+  const std::uint32_t version = options.format_version;
+  NITRO_CHECK(version >= oldest_format_version && version <= format_version, "nitro::snapshot::save: ",
+              file.string(), ": SaveOptions::format_version is ", version, "; this Nitro writes format versions ",
+              oldest_format_version, " and ", format_version);
   if (file.has_parent_path()) {
     std::error_code ec;
     std::filesystem::create_directories(file.parent_path(), ec);
@@ -1068,10 +1199,10 @@ inline void save(const std::filesystem::path& file, const Contents& c, const Loo
   io::AtomicFile out(file, {.fsync = options.fsync});
   char header[header_bytes] = {};
   std::memcpy(header, header_magic, 8);
-  std::memcpy(header + 8, &format_version, 4);
+  std::memcpy(header + 8, &version, 4);
   out.write(header, sizeof header);
-  PartWriter w(out, header_bytes);
-  Manifest m{format_version, libtorch_version(), version_string, utc_now(), 0, 0, {}};
+  PartWriter w(out, header_bytes, version);
+  Manifest m{version, libtorch_version(), version_string, utc_now(), 0, 0, {}};
   const auto part = [&](std::string name, const StateDict& d) {
     w.begin(name);
     w.put_dict(d, name);
@@ -1249,198 +1380,5 @@ Manifest load(const std::filesystem::path& file, Loop& loop, Contents contents =
   const detail::LoopAccess access = detail::loop_access(loop);
   return detail::load(file, contents, &access);
 }
-
-// ---- snapshot::Policy ----------------------------------------------------------------------------------
-
-namespace detail {
-// Signals caught, counted (each Policy remembers the count it has acted on, so every live Policy
-// sees each signal once, and one made later sees none of the earlier), and the last one's number.
-// Lock-free atomics: updating them is all the handler does.
-inline std::atomic<std::uint64_t> signals_caught{0};
-inline std::atomic<int> last_signal{0};
-static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<int>::is_always_lock_free);
-extern "C" inline void on_stop_signal(int signo) {
-  last_signal.store(signo, std::memory_order_relaxed);
-  signals_caught.fetch_add(1, std::memory_order_release);
-}
-
-// The handlers are installed once for all live Policies and the previous ones put back when the
-// last goes, whatever the order in which they go.
-struct SignalHandlers {
-  std::mutex mutex;
-  int users = 0;
-  struct ::sigaction previous_term {}, previous_int {};
-  static SignalHandlers& get() {
-    static SignalHandlers handlers;
-    return handlers;
-  }
-  void acquire() {
-    std::lock_guard lock(mutex);
-    if (users++ > 0) return;
-    struct ::sigaction action {};
-    action.sa_handler = &on_stop_signal;
-    ::sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESETHAND | SA_RESTART;
-    ::sigaction(SIGTERM, &action, &previous_term);
-    ::sigaction(SIGINT, &action, &previous_int);
-  }
-  void release() {
-    std::lock_guard lock(mutex);
-    if (--users > 0) return;
-    ::sigaction(SIGTERM, &previous_term, nullptr);
-    ::sigaction(SIGINT, &previous_int, nullptr);
-  }
-};
-}  // namespace detail
-
-/// A hook policy that writes snapshots of the loop's run into a directory: every N optimizer steps,
-/// every T minutes (checked after each optimizer step), and when the process receives SIGTERM or
-/// SIGINT (the current step finishes, a snapshot is written, and the step returns with
-/// StepResult::stop set and stop_reason "SIGTERM" or "SIGINT": the caller returns, and the job ends
-/// with everything saved, as preemptible cluster jobs need). The signal handler only counts the
-/// signal; it is installed with SA_RESETHAND, so a second signal while the snapshot is written ends
-/// the process as usual (the snapshot being written is then simply not there; the previous ones are
-/// intact). Every live Policy acts on each signal once; the handlers in place before the first
-/// Policy are put back when the last one is destroyed. A snapshot that fails to be written (a full
-/// disk) makes the step throw, and the signal is acted on again at the next step.
-///
-///   using Loop = nitro::TrainingLoop<nitro::amp::Bf16, nitro::snapshot::Policy>;
-///   Loop loop{model, optimizer, {.hooks = {{.directory = "runs/a", .every_steps = 1000, .keep_last = 3,
-///                                           .sampler = &sampler}}}};
-///   if (auto last = nitro::snapshot::latest("runs/a")) nitro::snapshot::load(*last, loop, {.sampler = &sampler});
-///   for (...; ...; ...) if (loop.step(batch, loss_fn).stop) return 0;
-///
-/// Files are named by snapshot::file_name(step, micro-batch). After each new snapshot is safely
-/// written, older ones beyond keep_last are removed: only files older than the new one (never the
-/// new one, nor a newer one another run left: latest() picks by step, so move those away when you
-/// resume from an older snapshot on purpose). One writer per directory: with several processes
-/// (dist::ProcessGroup, made before the policy; core/rank.hpp) rank 0 writes, as every rank holds the
-/// same parameters and optimizer state under dist::DataParallel (buffers such as BatchNorm's statistics
-/// are rank 0's, which DataParallel broadcasts at the start of each accumulation window), and the other ranks'
-/// policies only keep time; every rank resumes from rank 0's file.
-class Policy {
- public:
-  using family = nitro::family::Hook;
-  static constexpr std::string_view name = "snapshot";
-  static constexpr bool enabled = true;
-  struct Options {
-    /// Where the snapshots go (created if missing).
-    std::filesystem::path directory;
-    /// Save after every N optimizer steps (0: not by steps).
-    std::int64_t every_steps = 0;
-    /// Save when T minutes have passed since the last snapshot (0: not by time).
-    double every_minutes = 0;
-    /// Snapshots kept, >= 1.
-    int keep_last = 3;
-    /// Save and ask the caller to stop on SIGTERM and SIGINT.
-    bool on_signal = true;
-    /// Saved with the run (see snapshot::Contents).
-    data::ResumableSampler* sampler = nullptr;
-    StateDict* extras = nullptr;
-    bool fsync = true;
-  };
-
-  explicit Policy(const Options& options) : o_(options) {
-    NITRO_CHECK(!o_.directory.empty(), "snapshot::Policy: directory is empty; give the snapshots' directory, e.g. "
-                                       "{.directory = \"runs/a\", .every_steps = 1000}");
-    NITRO_CHECK(o_.every_steps >= 0, "snapshot::Policy: every_steps must be >= 0 (0: off), got ", o_.every_steps);
-    NITRO_CHECK(std::isfinite(o_.every_minutes) && o_.every_minutes >= 0,
-                "snapshot::Policy: every_minutes must be >= 0 (0: off), got ", o_.every_minutes);
-    NITRO_CHECK(o_.keep_last >= 1, "snapshot::Policy: keep_last must be >= 1, got ", o_.keep_last);
-    NITRO_CHECK(o_.every_steps > 0 || o_.every_minutes > 0 || o_.on_signal,
-                "snapshot::Policy: nothing would ever be saved; set every_steps, every_minutes or on_signal");
-    std::error_code ec;
-    std::filesystem::create_directories(o_.directory, ec);
-    NITRO_CHECK(std::filesystem::is_directory(o_.directory), "snapshot::Policy: cannot create the directory ",
-                o_.directory.string(), ": ", ec ? ec.message() : "a file of that name is in the way",
-                "; give a writable directory");
-    // One writer per directory (rank 0 of several processes): a killed run's leftovers.
-    if (nitro::is_main_process()) remove_temporary_files(o_.directory);
-    if (o_.on_signal) {
-      seen_ = detail::signals_caught.load(std::memory_order_acquire);
-      detail::SignalHandlers::get().acquire();
-    }
-  }
-  Policy(const Policy&) = delete;
-  Policy& operator=(const Policy&) = delete;
-  ~Policy() {
-    if (o_.on_signal) detail::SignalHandlers::get().release();
-  }
-
-  template <class Loop>
-  void after_optimizer_step(Loop& loop, StepResult&) {
-    const bool by_steps = o_.every_steps > 0 && loop.optimizer_steps() % o_.every_steps == 0;
-    const bool by_time = o_.every_minutes > 0 && std::chrono::steady_clock::now() - last_time_ >=
-                                                     std::chrono::duration<double, std::ratio<60>>(o_.every_minutes);
-    if (by_steps || by_time) save_now(loop);
-  }
-
-  template <class Loop>
-  void on_step_end(Loop& loop, StepResult& result, std::int64_t) {
-    if (o_.on_signal) {
-      const std::uint64_t caught = detail::signals_caught.load(std::memory_order_acquire);
-      if (caught != seen_) {
-        const int signo = detail::last_signal.load(std::memory_order_relaxed);
-        save_now(loop);  // throws on failure: the signal stays unseen, and the next step tries again
-        seen_ = caught;
-        result.stop = true;
-        result.stop_reason = signo == SIGTERM ? "SIGTERM" : signo == SIGINT ? "SIGINT" : "signal";
-      }
-    }
-    ++steps_ended_;
-  }
-
-  /// Writes a snapshot now (also from outside a step), rotates, and returns its path.
-  template <class Loop>
-  std::filesystem::path save_now(Loop& loop) {
-    const std::int64_t step = loop.optimizer_steps(), micro = loop.pending_micro_batches();
-    std::filesystem::path file = o_.directory / file_name(step, micro);
-    // Saved already in this very step (by steps, then on a signal): the state has not changed since.
-    const std::array<std::int64_t, 3> key{step, micro, steps_ended_};
-    // With several processes rank 0 writes (every rank holds the same state); the others name the file.
-    if (key != saved_at_ && nitro::is_main_process()) {
-      snapshot::save(file, loop, {.sampler = o_.sampler, .extras = o_.extras}, {.fsync = o_.fsync});
-      ++written_;
-      saved_at_ = key;
-      rotate(file);
-    }
-    last_ = file;
-    last_time_ = std::chrono::steady_clock::now();
-    return file;
-  }
-
-  /// The last snapshot this policy wrote, if any (on a rank other than 0: the one rank 0 wrote then).
-  [[nodiscard]] const std::optional<std::filesystem::path>& last_snapshot() const noexcept { return last_; }
-  /// Snapshots written so far.
-  [[nodiscard]] std::int64_t snapshots_written() const noexcept { return written_; }
-  [[nodiscard]] const Options& options() const noexcept { return o_; }
-
- private:
-  // Keeps the new snapshot and the newest keep_last - 1 older ones; never touches newer ones.
-  void rotate(const std::filesystem::path& written) {
-    const auto mine = detail::snapshot_name_numbers(written.filename().string());
-    int kept = 1;
-    bool removed = false;
-    for (const auto& f : list(o_.directory)) {
-      const auto numbers = detail::snapshot_name_numbers(f.filename().string());
-      if (!mine || !numbers || *numbers >= *mine) continue;
-      if (kept < o_.keep_last) {
-        ++kept;
-        continue;
-      }
-      std::error_code ec;
-      removed = std::filesystem::remove(f, ec) || removed;
-    }
-    if (removed && o_.fsync) io::sync_directory(o_.directory);
-  }
-
-  Options o_;
-  std::optional<std::filesystem::path> last_;
-  std::array<std::int64_t, 3> saved_at_{-1, -1, -1};
-  std::int64_t steps_ended_ = 0;
-  std::int64_t written_ = 0;
-  std::uint64_t seen_ = 0;
-  std::chrono::steady_clock::time_point last_time_ = std::chrono::steady_clock::now();
-};
 
 }  // namespace nitro::snapshot

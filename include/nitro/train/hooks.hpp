@@ -55,6 +55,7 @@
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/device.hpp>
 #include <nitro/core/state_dict.hpp>
+#include <nitro/core/step_result.hpp>
 #include <nitro/train/amp.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -69,28 +70,6 @@
 #include <utility>
 
 namespace nitro {
-
-/// What one TrainingLoop::step did. Tensors are on the device; reading them synchronises.
-struct StepResult {
-  /// The micro-batch's loss as the loss function returned it (not divided, not scaled), detached.
-  at::Tensor loss;
-  /// The optimizer stepped after this micro-batch.
-  bool stepped = false;
-  /// An optimizer step was due and was skipped because a gradient (or the loss) was inf or NaN.
-  bool skipped = false;
-  /// The loss scale after this step (amp::Fp16 only; undefined otherwise): a copy, which later steps
-  /// do not change.
-  at::Tensor loss_scale;
-  /// The total gradient norm before clipping (clip::Norm, on steps that stepped or skipped).
-  at::Tensor grad_norm;
-  /// A hook asks the caller to stop the run after this step (snapshot::Policy after a SIGTERM, once
-  /// the snapshot is written); `stop_reason` says why, for the log.
-  bool stop = false;
-  std::string_view stop_reason{};
-  /// stability::Guard's counts so far (0 without one): non-finite losses, parameters or skipped
-  /// steps found, loss spikes, restores of the last good state.
-  std::int64_t nonfinite_found = 0, spikes_found = 0, restores = 0;
-};
 
 /// A training step done as device work alone (TrainingLoop::StepParts::on_device, for graph::Capture):
 /// device tensors, valid until the same work runs again (a captured graph's replay writes the same

@@ -18,20 +18,14 @@
 //                    good state, kept on the host every 100 steps): the least activation memory, for
 //                    models that do not fit otherwise, and long runs that must not die of one NaN.
 //
-// Measured (CPU, 2 cores, no GPU; make demo, CNN on SyntheticImages, batch 64, 2 epochs):
-//   without bf16 arithmetic: plain loop 3166 samples/s, 17.0 MB peak;  Basic 3523 samples/s, 17.3 MB,
-//   same loss and accuracy;  Advanced 509 samples/s, 15.0 MB;  Ultra 289 samples/s, 5.9 MB.
-//   with AVX-512 BF16 (AMD EPYC): plain 5798, Basic 5130 (with monitor::Phases), Advanced 5675
-//   samples/s, 12.2 MB;  Ultra 3736 samples/s, 5.9 MB. samples/s vary by 10% or more between runs.
-//   after the gradients were released at the optimizer step (AMD EPYC without AVX-512, 2026-11-23):
-//   plain 2981 samples/s, 17.0 MB;  Basic 2941, 17.2 MB (was 0.9 MB above plain);  Advanced 518,
-//   14.9 MB;  Ultra 290, 5.8 MB.
-//   bench_loop_overhead: Basic / hand-written loop = 0.998 (goal <= 1.02). Not yet measured on a GPU.
+// What each level measured, on which machine and when: bench/README.md and the README (make demo,
+// bench_loop_overhead). Which level is fastest depends on the machine: bf16 autocast (Advanced, Ultra)
+// is several times slower than fp32 on a CPU without bf16 arithmetic.
 //
 //   level::Max       (in graph/capture.hpp, which this header does not include) Advanced plus
 //                    graph::Capture: each step replayed from a CUDA graph; needs a fused optimizer
 //                    (optim/fused.hpp) and batches on the GPU; convert a CNN with to_channels_last.
-//                    Not yet measured: no GPU has been lent (bench_graphs).
+//                    bench_graphs measures it on a GPU.
 //
 // Add a policy to a level with `level::with`: `level::with<level::Advanced, monitor::Phases>`.
 #include <nitro/hw/settings.hpp>

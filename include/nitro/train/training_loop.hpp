@@ -34,6 +34,7 @@
 #include <nitro/core/device.hpp>
 #include <nitro/core/error.hpp>
 #include <nitro/memory/oom.hpp>
+#include <nitro/memory/trial_loops.hpp>
 #include <nitro/train/accumulate.hpp>
 #include <nitro/train/amp.hpp>
 #include <nitro/train/checkpoint.hpp>
@@ -274,8 +275,13 @@ class TrainingLoop {
   /// anything else) is not retried: its gradients are dropped, the window starts anew and the error
   /// reaches the caller (parameters LibTorch's optimizer had updated before failing stay updated: it
   /// steps one parameter at a time).
+  ///
+  /// Inside a trial of memory::find_max_batch_size that was not given this loop, throws nitro::Error
+  /// before anything changes (the finder could not put the loop back).
   template <class Batch, class LossFn>
   StepResult step(const Batch& batch, LossFn&& loss_fn) {
+    // One thread-local load when no search runs on this thread.
+    if (memory::detail::trial_loops != nullptr) [[unlikely]] memory::detail::check_trial_step(this, "step");
     if constexpr (steps_runner != no_runner) {
       StepParts<Batch, std::remove_reference_t<LossFn>> parts(*this, batch, loss_fn);
       return std::get<steps_runner>(hooks_).hook.run_step(*this, parts);
@@ -353,8 +359,10 @@ class TrainingLoop {
 
  public:
   /// Steps on a partial accumulation window (at the end of an epoch), its gradient rescaled to the
-  /// mean over the micro-batches it had. Returns nothing when the window is empty.
+  /// mean over the micro-batches it had. Returns nothing when the window is empty. Inside a search's
+  /// trial, the same check as step().
   std::optional<StepResult> flush() {
+    if (memory::detail::trial_loops != nullptr) [[unlikely]] memory::detail::check_trial_step(this, "flush");
     if (micro_ == 0) return std::nullopt;
     StepResult result;
     try {

@@ -1,0 +1,308 @@
+#pragma once
+// snapshot::Policy: a TrainingLoop hook policy that writes snapshots (snapshot/snapshot.hpp) every N
+// optimizer steps, every T minutes, and on SIGTERM/SIGINT. See the class's comment below.
+#include <nitro/core/error.hpp>
+#include <nitro/core/rank.hpp>
+#include <nitro/memory/trial_loops.hpp>
+#include <nitro/snapshot/snapshot.hpp>
+
+#include <signal.h>
+#include <time.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string_view>
+
+namespace nitro::snapshot {
+
+// ---- snapshot::Policy ----------------------------------------------------------------------------------
+
+namespace detail {
+// Signals caught, counted (each Policy remembers the count it has acted on, so every live Policy
+// sees each signal once, and one made later sees none of the earlier), and the last one's number.
+// Lock-free atomics and sigaction/raise: all the handler does is async-signal-safe.
+inline std::atomic<std::uint64_t> signals_caught{0};
+// The count a stop last acted on: signals past it are waiting for a step boundary.
+inline std::atomic<std::uint64_t> signals_acted{0};
+inline std::atomic<int> last_signal{0};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<int>::is_always_lock_free);
+// Signals waiting at once that end the process as it would have ended without a Policy: the first two
+// are copies a launcher makes (a cluster signals torchrun's agent and the ranks; the agent forwards
+// its signal to every rank within milliseconds), the third is a person who means it.
+inline constexpr std::uint64_t signals_to_force = 3;
+// After a stop on a signal, once no Policy is left, signals are still absorbed for this long (the
+// launcher's copies on their way to a rank that is exiting); later ones end the process at once.
+inline std::atomic<std::int64_t> late_copies_ns{10'000'000'000};
+// The dispositions before the first Policy's (written before the handler is installed).
+inline struct ::sigaction previous_term {}, previous_int {};
+inline std::atomic<int> live_policies{0};
+inline std::atomic<std::int64_t> stopped_at_ns{0};  // CLOCK_MONOTONIC of the last stop on a signal; 0: none
+static_assert(std::atomic<std::int64_t>::is_always_lock_free);
+
+inline std::int64_t monotonic_ns() noexcept {  // clock_gettime: async-signal-safe
+  struct ::timespec t {};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
+extern "C" inline void on_stop_signal(int signo) {
+  last_signal.store(signo, std::memory_order_relaxed);
+  const std::uint64_t caught = signals_caught.fetch_add(1, std::memory_order_acq_rel) + 1;
+  const std::int64_t stopped = stopped_at_ns.load(std::memory_order_acquire);
+  const bool late = live_policies.load(std::memory_order_acquire) == 0 && stopped != 0 &&
+                    monotonic_ns() - stopped > late_copies_ns.load(std::memory_order_relaxed);
+  if (late || caught - signals_acted.load(std::memory_order_acquire) >= signals_to_force) {
+    ::sigaction(SIGTERM, &previous_term, nullptr);
+    ::sigaction(SIGINT, &previous_int, nullptr);
+    ::raise(signo);  // delivered with the previous disposition once this handler returns
+  }
+}
+
+// The handlers are installed once for all live Policies and the previous ones put back when the
+// last goes, whatever the order in which they go; after a stop on a signal they stay (see late_copies_ns).
+struct SignalHandlers {
+  std::mutex mutex;
+  bool installed = false;
+  static SignalHandlers& get() {
+    static SignalHandlers handlers;
+    return handlers;
+  }
+  void acquire() {
+    std::lock_guard lock(mutex);
+    if (live_policies.fetch_add(1, std::memory_order_acq_rel) > 0 || installed) return;
+    struct ::sigaction action {};
+    action.sa_handler = &on_stop_signal;
+    ::sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    ::sigaction(SIGTERM, nullptr, &previous_term);
+    ::sigaction(SIGINT, nullptr, &previous_int);
+    stopped_at_ns.store(0, std::memory_order_release);
+    // Signals counted before (a Policy gone without acting on them) are no part of this count.
+    signals_acted.store(signals_caught.load(std::memory_order_acquire), std::memory_order_release);
+    ::sigaction(SIGTERM, &action, nullptr);
+    ::sigaction(SIGINT, &action, nullptr);
+    installed = true;
+  }
+  void release() {
+    std::lock_guard lock(mutex);
+    if (live_policies.fetch_sub(1, std::memory_order_acq_rel) > 1 || stopped_at_ns.load(std::memory_order_acquire) != 0) return;
+    ::sigaction(SIGTERM, &previous_term, nullptr);
+    ::sigaction(SIGINT, &previous_int, nullptr);
+    installed = false;
+  }
+  // A stop on a signal was acted on: the signals counted so far are handled, and the handlers stay.
+  void stopped(std::uint64_t caught) {
+    std::uint64_t acted = signals_acted.load(std::memory_order_acquire);
+    while (acted < caught && !signals_acted.compare_exchange_weak(acted, caught, std::memory_order_acq_rel)) {
+    }
+    stopped_at_ns.store(monotonic_ns(), std::memory_order_release);
+  }
+};
+
+inline std::string_view signal_name(int signo) noexcept {
+  return signo == SIGTERM ? "SIGTERM" : signo == SIGINT ? "SIGINT" : "signal";
+}
+}  // namespace detail
+
+/// A hook policy that writes snapshots of the loop's run into a directory: every N optimizer steps,
+/// every T minutes (checked after each optimizer step), and when the process receives SIGTERM or
+/// SIGINT (the current step finishes, a snapshot is written, and the step returns with
+/// StepResult::stop set and stop_reason "SIGTERM" or "SIGINT": the caller returns, and the job ends
+/// with everything saved, as preemptible cluster jobs need). The signal handler only counts the
+/// signal. Every live Policy acts on each signal once; the handlers in place before the first Policy
+/// are put back when the last one is destroyed, unless a signal stopped the run: then Nitro's stays,
+/// absorbing for 10 s more the copies of the signal still on their way (below), and after that hands
+/// any signal to the previous disposition (the process ends as it would have). A snapshot that fails
+/// to be written (a full disk) makes the step throw, and the signal is acted on again at the next step.
+///
+/// Repeated signals: a cluster that preempts a job signals every process of it, torchrun's agent
+/// included, and the agent forwards its own signal to every rank (2-25 ms later), so a rank often
+/// gets the same SIGTERM twice (and a terminal's Ctrl-C reaches ranks through the agent). Two signals
+/// waiting for the same step boundary are one stop; a third ends the process as it would have ended
+/// without a Policy (the snapshot being written is then simply not there; the previous ones are
+/// intact), so that a person pressing Ctrl-C three times is obeyed.
+///
+/// Several processes (a dist::ProcessGroup made before the first step; core/rank.hpp): a signal
+/// rarely reaches every rank at the same step (two nodes are signalled milliseconds apart, or only
+/// one rank is), and a rank that stops alone leaves the others waiting in a collective while rank 0
+/// may never write. So the ranks decide together: at the last micro-batch of every accumulation
+/// window (where every rank holds the same state under dist::DataParallel) each rank's Policy begins
+/// a one-element all-reduce of "a signal came here" before the forward, in the background, and reads
+/// it at the end of that micro-batch, after the optimizer step. If any rank had a signal, every rank
+/// stops at that same step: rank 0 writes the snapshot, and every step returns with StepResult::stop
+/// (stop_reason "SIGTERM", or "signal on another rank"). The vote costs one small collective per
+/// optimizer step (bench_ddp measures it; on a GPU-only NCCL group it is read one window late, so
+/// that reading it never waits for the GPU). Every rank must have the Policy with on_signal.
+///
+///   using Loop = nitro::TrainingLoop<nitro::amp::Bf16, nitro::snapshot::Policy>;
+///   Loop loop{model, optimizer, {.hooks = {{.directory = "runs/a", .every_steps = 1000, .keep_last = 3,
+///                                           .sampler = &sampler}}}};
+///   if (auto last = nitro::snapshot::latest("runs/a")) nitro::snapshot::load(*last, loop, {.sampler = &sampler});
+///   for (...; ...; ...) if (loop.step(batch, loss_fn).stop) return 0;
+///
+/// Files are named by snapshot::file_name(step, micro-batch). After each new snapshot is safely
+/// written, older ones beyond keep_last are removed: only files older than the new one (never the
+/// new one, nor a newer one another run left: latest() picks by step, so move those away when you
+/// resume from an older snapshot on purpose). One writer per directory: with several processes
+/// rank 0 writes, as every rank holds the same parameters and optimizer state under
+/// dist::DataParallel (buffers such as BatchNorm's statistics are rank 0's, which DataParallel
+/// broadcasts at the start of each accumulation window), and the other ranks' policies only keep
+/// time; every rank resumes from rank 0's file (on nodes without a shared file system,
+/// dist::fetch_latest_snapshot copies it to each rank first: dist/snapshot.hpp).
+class Policy {
+ public:
+  using family = nitro::family::Hook;
+  static constexpr std::string_view name = "snapshot";
+  static constexpr bool enabled = true;
+  struct Options {
+    /// Where the snapshots go (created if missing).
+    std::filesystem::path directory;
+    /// Save after every N optimizer steps (0: not by steps).
+    std::int64_t every_steps = 0;
+    /// Save when T minutes have passed since the last snapshot (0: not by time).
+    double every_minutes = 0;
+    /// Snapshots kept, >= 1.
+    int keep_last = 3;
+    /// Save and ask the caller to stop on SIGTERM and SIGINT.
+    bool on_signal = true;
+    /// Saved with the run (see snapshot::Contents).
+    data::ResumableSampler* sampler = nullptr;
+    StateDict* extras = nullptr;
+    bool fsync = true;
+  };
+
+  explicit Policy(const Options& options) : o_(options) {
+    NITRO_CHECK(!o_.directory.empty(), "snapshot::Policy: directory is empty; give the snapshots' directory, e.g. "
+                                       "{.directory = \"runs/a\", .every_steps = 1000}");
+    NITRO_CHECK(o_.every_steps >= 0, "snapshot::Policy: every_steps must be >= 0 (0: off), got ", o_.every_steps);
+    NITRO_CHECK(std::isfinite(o_.every_minutes) && o_.every_minutes >= 0,
+                "snapshot::Policy: every_minutes must be >= 0 (0: off), got ", o_.every_minutes);
+    NITRO_CHECK(o_.keep_last >= 1, "snapshot::Policy: keep_last must be >= 1, got ", o_.keep_last);
+    NITRO_CHECK(o_.every_steps > 0 || o_.every_minutes > 0 || o_.on_signal,
+                "snapshot::Policy: nothing would ever be saved; set every_steps, every_minutes or on_signal");
+    std::error_code ec;
+    std::filesystem::create_directories(o_.directory, ec);
+    NITRO_CHECK(std::filesystem::is_directory(o_.directory), "snapshot::Policy: cannot create the directory ",
+                o_.directory.string(), ": ", ec ? ec.message() : "a file of that name is in the way",
+                "; give a writable directory");
+    // One writer per directory (rank 0 of several processes): a killed run's leftovers.
+    if (nitro::is_main_process()) remove_temporary_files(o_.directory);
+    if (o_.on_signal) {
+      seen_ = detail::signals_caught.load(std::memory_order_acquire);
+      detail::SignalHandlers::get().acquire();
+    }
+  }
+  Policy(const Policy&) = delete;
+  Policy& operator=(const Policy&) = delete;
+  ~Policy() {
+    if (o_.on_signal) detail::SignalHandlers::get().release();
+  }
+
+  template <class Loop>
+  void after_optimizer_step(Loop& loop, StepResult&) {
+    if (memory::detail::trial_loops != nullptr) return;  // a batch-size trial: put back afterwards, never saved
+    const bool by_steps = o_.every_steps > 0 && loop.optimizer_steps() % o_.every_steps == 0;
+    const bool by_time = o_.every_minutes > 0 && std::chrono::steady_clock::now() - last_time_ >=
+                                                     std::chrono::duration<double, std::ratio<60>>(o_.every_minutes);
+    if (by_steps || by_time) save_now(loop);
+  }
+
+  template <class Loop>
+  void on_step_begin(Loop& loop) {
+    // Inside a trial of memory::find_max_batch_size the step is put back afterwards: nothing is saved
+    // or voted, and a signal waits for the first real step.
+    if (!o_.on_signal || memory::detail::trial_loops != nullptr) return;
+    // Several processes: the vote on stopping, begun at each window's last micro-batch.
+    if (!agreement_ && process_count() > 1) agreement_ = make_agreement();
+    if (!agreement_ || loop.pending_micro_batches() + 1 < loop.accumulation_steps()) return;
+    agreement_->begin(detail::signals_caught.load(std::memory_order_acquire) != seen_);
+  }
+
+  template <class Loop>
+  void on_step_end(Loop& loop, StepResult& result, std::int64_t) {
+    if (memory::detail::trial_loops != nullptr) return;
+    if (o_.on_signal) {
+      const std::uint64_t caught = detail::signals_caught.load(std::memory_order_acquire);
+      if (agreement_) {
+        if (agreement_->pending() && agreement_->end()) {
+          save_now(loop);  // rank 0 writes; throws on failure there
+          result.stop = true;
+          result.stop_reason = caught != seen_ ? detail::signal_name(detail::last_signal.load(std::memory_order_relaxed))
+                                               : std::string_view("signal on another rank");
+          seen_ = caught;
+          detail::SignalHandlers::get().stopped(caught);
+        }
+      } else if (caught != seen_) {
+        const int signo = detail::last_signal.load(std::memory_order_relaxed);
+        save_now(loop);  // throws on failure: the signal stays unseen, and the next step tries again
+        seen_ = caught;
+        result.stop = true;
+        result.stop_reason = detail::signal_name(signo);
+        detail::SignalHandlers::get().stopped(caught);
+      }
+    }
+    ++steps_ended_;
+  }
+
+  /// Writes a snapshot now (also from outside a step), rotates, and returns its path.
+  template <class Loop>
+  std::filesystem::path save_now(Loop& loop) {
+    const std::int64_t step = loop.optimizer_steps(), micro = loop.pending_micro_batches();
+    std::filesystem::path file = o_.directory / file_name(step, micro);
+    // Saved already in this very step (by steps, then on a signal): the state has not changed since.
+    const std::array<std::int64_t, 3> key{step, micro, steps_ended_};
+    // With several processes rank 0 writes (every rank holds the same state); the others name the file.
+    if (key != saved_at_ && nitro::is_main_process()) {
+      snapshot::save(file, loop, {.sampler = o_.sampler, .extras = o_.extras}, {.fsync = o_.fsync});
+      ++written_;
+      saved_at_ = key;
+      rotate(file);
+    }
+    last_ = file;
+    last_time_ = std::chrono::steady_clock::now();
+    return file;
+  }
+
+  /// The last snapshot this policy wrote, if any (on a rank other than 0: the one rank 0 wrote then).
+  [[nodiscard]] const std::optional<std::filesystem::path>& last_snapshot() const noexcept { return last_; }
+  /// Snapshots written so far.
+  [[nodiscard]] std::int64_t snapshots_written() const noexcept { return written_; }
+  [[nodiscard]] const Options& options() const noexcept { return o_; }
+
+ private:
+  // Keeps the new snapshot and the newest keep_last - 1 older ones; never touches newer ones.
+  void rotate(const std::filesystem::path& written) {
+    const auto mine = detail::snapshot_name_numbers(written.filename().string());
+    int kept = 1;
+    bool removed = false;
+    for (const auto& f : list(o_.directory)) {
+      const auto numbers = detail::snapshot_name_numbers(f.filename().string());
+      if (!mine || !numbers || *numbers >= *mine) continue;
+      if (kept < o_.keep_last) {
+        ++kept;
+        continue;
+      }
+      std::error_code ec;
+      removed = std::filesystem::remove(f, ec) || removed;
+    }
+    if (removed && o_.fsync) io::sync_directory(o_.directory);
+  }
+
+  Options o_;
+  std::optional<std::filesystem::path> last_;
+  std::array<std::int64_t, 3> saved_at_{-1, -1, -1};
+  std::int64_t steps_ended_ = 0;
+  std::int64_t written_ = 0;
+  std::uint64_t seen_ = 0;
+  std::unique_ptr<Agreement> agreement_;  // the ranks' vote on stopping (several processes only)
+  std::chrono::steady_clock::time_point last_time_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace nitro::snapshot
