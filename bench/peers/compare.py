@@ -104,7 +104,8 @@ def machine(device, py):
 def run(cmd, timeout):
     t0 = time.time()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        # errors="replace": a peer that writes bytes that are not UTF-8 (seen on the GPU machine) is still read.
+        p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
     except subprocess.TimeoutExpired:
         return None, f"timed out after {timeout} s"
     lines = [l for l in p.stdout.splitlines() if l.startswith("PEER ")]
