@@ -67,13 +67,7 @@ int main(int argc, char** argv) {
   auto watched_step = [&] { bar.update(1, watched.step(inputs[static_cast<size_t>(next++ % batches)], loss_fn).loss); };
   // The TensorBoard sink and the guard (measured in blocks further down).
   const auto logdir = std::filesystem::temp_directory_path() / ("nitro-bench-monitor-" + std::to_string(::getpid()));
-  struct Cleanup {  // io::remove_tree: std::filesystem::remove_all crashes here (io/file.hpp)
-    std::filesystem::path p;
-    ~Cleanup() {
-      std::error_code ec;
-      nitro::io::remove_tree(p, ec);
-    }
-  } cleanup{logdir};
+  const nitro::bench::ScopedTree cleanup{logdir};
   nitro::monitor::TensorBoardSink tb{logdir};
   using Guarded = nitro::level::with<nitro::level::Basic, nitro::stability::Guard>;
   Guarded guarded{model, optimizer};

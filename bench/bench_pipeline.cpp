@@ -124,13 +124,7 @@ int main(int argc, char** argv) try {
   }
   const fs::path dir = fs::temp_directory_path() / ("nitro-bench-pipeline-" + std::to_string(::getpid()));
   fs::create_directories(dir / "tensors");
-  struct Cleanup {  // io::remove_tree: std::filesystem::remove_all crashes here (io/file.hpp)
-    fs::path p;
-    ~Cleanup() {
-      std::error_code ec;
-      nitro::io::remove_tree(p, ec);
-    }
-  } cleanup{dir};
+  const nitro::bench::ScopedTree cleanup{dir};
 
   std::printf("bench_pipeline: cpu (%s), %lld samples of uint8 3x224x224 (%.2f GB), %d rounds\n",
               nitro::bench::machine().c_str(), static_cast<long long>(samples), samples * 150528 / 1e9, rounds);

@@ -2,9 +2,11 @@
 // Shared by the benchmark programs: timing that synchronises the GPU before reading the clock,
 // medians, and the RESULT line every benchmark ends with (bench/README.md).
 #include <nitro/core/device.hpp>
+#include <nitro/io/file.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -16,6 +18,18 @@
 #endif
 
 namespace nitro::bench {
+
+/// Removes the directory tree `path` when it goes out of scope (nitro::io::remove_tree, errors ignored).
+struct ScopedTree {
+  explicit ScopedTree(std::filesystem::path p) : path(std::move(p)) {}
+  ScopedTree(const ScopedTree&) = delete;
+  ScopedTree& operator=(const ScopedTree&) = delete;
+  ~ScopedTree() {
+    std::error_code ignored;
+    nitro::io::remove_tree(path, ignored);
+  }
+  std::filesystem::path path;
+};
 
 /// Waits for queued GPU work (when a GPU is in use), so a clock read after it covers that work.
 inline void synchronize() {
