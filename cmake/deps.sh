@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Finds or installs everything Nitro builds on, then writes a CMake initial-cache file (-C) that
-# points the configure step at it. Called by the Makefile; never needs to be run by hand.
+# points the configure step at it. Called by the Makefile; run by hand only to print LibTorch's prefix.
 #
 #   cmake/deps.sh OUT.cmake [--with-conan]
+#   cmake/deps.sh --print-prefix     finds (or installs) LibTorch only, as below, and prints its CMake
+#                                    prefix on stdout (notes on stderr), for a project's own configure:
+#                                    -DCMAKE_PREFIX_PATH="$(nitro/cmake/deps.sh --print-prefix)"
 #
 # LibTorch, first match wins:
 #   1. Torch_DIR, or a CMAKE_PREFIX_PATH that holds a TorchConfig.cmake (the user's own LibTorch);
@@ -16,7 +19,9 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: cmake/deps.sh OUT.cmake [--with-conan]}
+out=${1:?usage: cmake/deps.sh OUT.cmake [--with-conan] | cmake/deps.sh --print-prefix}
+print_prefix=0
+[ "$out" = "--print-prefix" ] && print_prefix=1
 with_conan=0
 [ "${2:-}" = "--with-conan" ] && with_conan=1
 
@@ -87,17 +92,22 @@ if [ -z "$torch_prefix" ]; then
   torch_python=$venv/bin/python
   say "LibTorch $v from $venv"
   # matplotlib, for bench/plot_metrics.py (and its test): into our own environment only, and optional.
-  if ! "$venv/bin/python" -c "import matplotlib" 2>/dev/null; then
+  if ((!print_prefix)) && ! "$venv/bin/python" -c "import matplotlib" 2>/dev/null; then
     say "installing matplotlib into $venv (for bench/plot_metrics.py)"
     "$venv/bin/python" -m pip install --disable-pip-version-check -q matplotlib >&2 ||
       say "note: pip install matplotlib failed; plot_metrics.py and its test will be skipped"
   fi
   # tensorboard, whose event reader checks monitor::TensorBoardSink's files (and views them): optional.
-  if ! "$venv/bin/python" -c "import tensorboard" 2>/dev/null; then
+  if ((!print_prefix)) && ! "$venv/bin/python" -c "import tensorboard" 2>/dev/null; then
     say "installing tensorboard into $venv (to read monitor::TensorBoardSink's files)"
     "$venv/bin/python" -m pip install --disable-pip-version-check -q tensorboard >&2 ||
       say "note: pip install tensorboard failed; the TensorBoard read-back test will be skipped"
   fi
+fi
+
+if ((print_prefix)); then
+  echo "${torch_prefix//:/;}"  # a CMake list: the caller puts it after its own entries and a ';'
+  exit 0
 fi
 
 # torchrun, the launcher of runs of several processes (README, "More than one process").

@@ -34,6 +34,7 @@
 #include <nitro/train/channels_last.hpp>
 #include <nitro/train/checkpoint.hpp>
 #include <nitro/train/clip.hpp>
+#include <nitro/train/ema.hpp>
 #include <nitro/train/hooks.hpp>
 #include <nitro/train/levels.hpp>
 #include <nitro/train/stability.hpp>

@@ -34,6 +34,39 @@ TEST_CASE("device tags name their LibTorch device") {
   CHECK(nitro::Cpu::device().is_cpu());
 }
 
+TEST_CASE("the Auto tag: its device is a value, by default CUDA when available, else the CPU") {
+  static_assert(nitro::DeviceTag<nitro::Auto>);
+  // No kind of its own: generic code comparing a tag's type with the CPU's or CUDA's mistakes it for neither.
+  CHECK(nitro::Auto::type != c10::DeviceType::CPU);
+  CHECK(nitro::Auto::type != c10::DeviceType::CUDA);
+  CHECK(nitro::Auto::name == "auto");
+  CHECK(nitro::Auto::available());
+  CHECK_NOTHROW(nitro::require_available<nitro::Auto>("anything"));
+  const bool gpu = NITRO_WITH_CUDA && torch::cuda::is_available();
+  CHECK(nitro::Auto::device() == (gpu ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU)));
+  CHECK(nitro::Auto::device(1) == (gpu ? c10::Device(c10::kCUDA, 1) : c10::Device(c10::kCPU)));
+  // to_device<Auto> moves to that device; on the CPU a tensor already there is not copied.
+  const auto x = torch::arange(6, torch::kFloat);
+  const auto moved = nitro::to_device<nitro::Auto>(std::make_tuple(x));
+  CHECK(std::get<0>(moved).device().type() == nitro::Auto::device().type());
+  if (!gpu) CHECK(std::get<0>(moved).is_same(x));
+}
+
+TEST_CASE("require_available(device, what) checks a device chosen at run time") {
+  CHECK_NOTHROW(nitro::require_available(c10::Device(c10::kCPU), "nitro::Prefetcher<Auto>"));
+  CHECK_THROWS_WITH_AS(nitro::require_available(c10::Device(c10::kMeta), "nitro::Prefetcher<Auto>"),
+                       doctest::Contains("nitro::Prefetcher<Auto>: device is meta; give the CPU or a CUDA device"),
+                       nitro::Error);
+  if (NITRO_WITH_CUDA && torch::cuda::is_available()) {
+    CHECK_NOTHROW(nitro::require_available(c10::Device(c10::kCUDA, 0), "x"));
+    return;
+  }
+  CHECK_THROWS_WITH_AS(nitro::require_available(c10::Device(c10::kCUDA, 0), "nitro::Prefetcher<Auto>"),
+                       doctest::Contains(NITRO_WITH_CUDA ? "device is cuda:0, but no CUDA device is available"
+                                                         : "device is cuda:0, but Nitro was built without CUDA"),
+                       nitro::Error);
+}
+
 TEST_CASE("map_tensors applies f to every tensor of every supported batch shape") {
   const auto a = torch::arange(4, torch::kFloat);
   const auto b = torch::ones({2, 2});

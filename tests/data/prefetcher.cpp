@@ -5,6 +5,7 @@
 
 #include <nitro/data/pipeline.hpp>
 #include <nitro/data/prefetcher.hpp>
+#include <nitro/data/sampler.hpp>
 #include <nitro/data/synthetic.hpp>
 
 #include <algorithm>
@@ -580,6 +581,103 @@ TEST_CASE("a device option of the wrong kind is refused") {
   CHECK(nitro::prefetch<nitro::Cpu>(source, {.device = c10::Device(c10::kCPU)}).device() == c10::Device(c10::kCPU));
 }
 
+namespace {
+// Every batch of `p`, as the values it holds (on the host).
+template <class P>
+std::vector<std::vector<std::int64_t>> drain_values(P& p) {
+  std::vector<std::vector<std::int64_t>> out;
+  while (auto b = p.next()) out.push_back(values(b->cpu()));
+  return out;
+}
+
+// Waits (bounded) until `p` has made `count` batches ahead.
+template <class P>
+void wait_in_flight(const P& p, std::size_t count) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (p.in_flight() < count && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+}
+}  // namespace
+
+TEST_CASE("Prefetcher<Auto> on the CPU delivers what Prefetcher<Cpu> does: order, values, the batches themselves, exact resume") {
+  const std::size_t n = 61, batch = 4;  // 16 batches, the last of 1
+  using Sampler = nitro::data::ResumableSampler;
+  using Source = nitro::DatasetSource<SlowIndices, Sampler>;
+  SlowIndices data;
+  data.n = n;
+  const c10::Device cpu(c10::kCPU);
+  std::vector<std::vector<std::int64_t>> expected;
+  {
+    Sampler sampler(n, {.seed = 5});
+    nitro::Prefetcher<nitro::Cpu, Source> p{nitro::from_dataset(data, sampler, batch), {.depth = 4, .workers = 3}};
+    expected = drain_values(p);
+  }
+  REQUIRE(expected.size() == 16);
+  {
+    Sampler sampler(n, {.seed = 5});
+    nitro::Prefetcher<nitro::Auto, Source> p{nitro::from_dataset(data, sampler, batch),
+                                             {.depth = 4, .workers = 3, .device = cpu}};
+    CHECK(p.device() == cpu);
+    CHECK(drain_values(p) == expected);
+    CHECK(sampler.state().index == static_cast<std::int64_t>(n));
+  }
+  // Stopped after k batches with depth + workers made ahead; a fresh sampler loaded from the state
+  // reads exactly the rest.
+  for (const std::size_t k : {1u, 9u}) {
+    CAPTURE(k);
+    Sampler sampler(n, {.seed = 5});
+    nitro::data::SamplerState st;
+    {
+      nitro::Prefetcher<nitro::Auto, Source> p{nitro::from_dataset(data, sampler, batch),
+                                               {.depth = 4, .workers = 3, .device = cpu}};
+      std::vector<std::vector<std::int64_t>> got;
+      for (std::size_t i = 0; i < k; ++i) got.push_back(values(*p.next()));
+      CHECK(got == std::vector<std::vector<std::int64_t>>(expected.begin(), expected.begin() + static_cast<std::ptrdiff_t>(k)));
+      wait_in_flight(p, 7);
+      CHECK(p.in_flight() == 7);
+      st = sampler.state();
+      CHECK(st.index == static_cast<std::int64_t>(k * batch));
+    }
+    Sampler fresh(n);
+    fresh.load_state(st);
+    nitro::Prefetcher<nitro::Auto, Source> q{nitro::from_dataset(data, fresh, batch),
+                                             {.depth = 4, .workers = 3, .device = cpu}};
+    CHECK(drain_values(q) == std::vector<std::vector<std::int64_t>>(expected.begin() + static_cast<std::ptrdiff_t>(k), expected.end()));
+  }
+  // No copy, as Prefetcher<Cpu>: the consumer gets the tensor the source returned, transformed on the host.
+  const auto kept = torch::arange(8, torch::kLong);
+  auto source = [kept, n = 0]() mutable -> std::optional<at::Tensor> {
+    if (n++ == 2) return std::nullopt;
+    return kept;
+  };
+  auto p = nitro::prefetch<nitro::Auto>(source, {.device = cpu});
+  for (auto& b : p) CHECK(b.is_same(kept));
+  int transformed = 0;
+  auto t = nitro::prefetch<nitro::Auto>(source, {.transform = [&](at::Tensor b) { ++transformed; return b + 1; },
+                                                 .device = cpu});
+  for (auto& b : t) CHECK(torch::equal(b, kept + 1));
+  CHECK(transformed == 2);
+}
+
+TEST_CASE("Prefetcher<Auto>: unset, the device is Auto::device(), and a CUDA device without a GPU, or another kind, throws") {
+  auto source = []() -> std::optional<at::Tensor> { return std::nullopt; };
+  CHECK(nitro::prefetch<nitro::Auto>(source).device().type() == nitro::Auto::device().type());
+  CHECK_THROWS_WITH_AS(nitro::prefetch<nitro::Auto>(source, {.device = c10::Device(c10::kMeta)}),
+                       doctest::Contains("nitro::Prefetcher<Auto>: device is meta; give the CPU or a CUDA device"),
+                       nitro::Error);
+  if (nitro::Cuda::available()) {
+    MESSAGE("a GPU is present: the no-GPU error is not reachable here");
+    return;
+  }
+  CHECK(nitro::prefetch<nitro::Auto>(source).device() == c10::Device(c10::kCPU));
+  for (const auto cuda : {c10::Device(c10::kCUDA), c10::Device(c10::kCUDA, 1)}) {
+    CAPTURE(cuda);
+    CHECK_THROWS_WITH_AS(nitro::prefetch<nitro::Auto>(source, {.device = cuda}),
+                         doctest::Contains(NITRO_WITH_CUDA ? "but no CUDA device is available in this process"
+                                                           : "but Nitro was built without CUDA"),
+                         nitro::Error);
+  }
+}
+
 #if NITRO_WITH_CUDA
 namespace {
 // A source of `count` batches made by `make(n)`.
@@ -689,5 +787,49 @@ TEST_CASE("gpu: CUDA tensors a source computes are read after the kernels that m
   for (auto& b : p) sums.push_back(b.sum(torch::kDouble));
   const auto got = torch::stack(sums).cpu();
   for (int n = 0; n < 6; ++n) CHECK(got[n].item<double>() == 2.0 * (100 + n) * (8 << 20));
+#endif
+}
+
+TEST_CASE("gpu: Prefetcher<Auto> given a GPU delivers, staged in pinned memory and copied, what Prefetcher<Cuda> does" * nitro::test::needs_gpu()) {
+#if NITRO_WITH_CUDA
+  SlowIndices data;
+  data.n = 640;
+  const auto sequential = [&] { return nitro::from_dataset(data, torch::data::samplers::SequentialSampler(data.n), 64); };
+  auto reference = nitro::prefetch<nitro::Cuda>(sequential(), {.depth = 2, .workers = 2});
+  std::vector<at::Tensor> expected;
+  for (auto& b : reference) expected.push_back(b.cpu());
+  REQUIRE(expected.size() == 10);
+
+  std::atomic<std::int64_t> transform_stream{-1};
+  using Options = nitro::PrefetchOptions<at::Tensor>;
+  Options options;
+  options.depth = 2;
+  options.workers = 2;
+  options.device = c10::Device(c10::kCUDA);  // as a ported program passes it: the current GPU
+  options.transform = [&transform_stream](at::Tensor b) {
+    transform_stream = c10::cuda::getCurrentCUDAStream(b.device().index()).id();
+    return b;
+  };
+  nitro::Prefetcher<nitro::Auto, decltype(sequential())> p{sequential(), std::move(options)};
+  CHECK(p.device() == reference.device());  // concrete: cuda:<current>
+  CHECK(p.copy_stream().device() == p.device());
+  std::size_t i = 0;
+  for (auto& b : p) {
+    CHECK(b.device() == p.device());
+    REQUIRE(i < expected.size());
+    CHECK(torch::equal(b.cpu(), expected[i++]));
+  }
+  CHECK(i == expected.size());
+  CHECK(transform_stream.load() == p.copy_stream().id());  // the transform ran on the copy stream
+  // Staged in the pinned pool, whose buffers came back: ten batches through a window of four.
+  CHECK(p.pinned_pool().allocated() >= 1);
+  CHECK(p.pinned_pool().reused() > 0);
+  // Unset, the device is the current GPU; the CPU given on the same machine copies nothing.
+  CHECK(nitro::prefetch<nitro::Auto>(counted(0, [](int) { return at::Tensor(); })).device() == reference.device());
+  auto on_cpu = nitro::prefetch<nitro::Auto>(counted(2, [](int n) { return torch::full({4}, n, torch::kLong); }),
+                                             {.device = c10::Device(c10::kCPU)});
+  for (auto& b : on_cpu) CHECK(b.is_cpu());
+  CHECK(on_cpu.pinned_pool().allocated() == 0);
+  CHECK_THROWS_WITH_AS((void)on_cpu.copy_stream(), doctest::Contains("has no copy stream"), nitro::Error);
 #endif
 }

@@ -2,6 +2,8 @@
 
 #include "testing.hpp"
 
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -114,7 +116,87 @@ TEST_CASE("bad options and indices throw nitro::Error naming them") {
   CHECK(message({.height = 30}).find("block (4) must be >= 1 and divide height (30)") != std::string::npos);
   CHECK(message({.max_shift = 32}).find("max_shift") != std::string::npos);
   CHECK(message({.noise = -0.1}).find("noise must be >= 0") != std::string::npos);
+  CHECK(message({.range = SyntheticImages::Range{1, 1}}).find("range must have finite bounds with low < high") !=
+        std::string::npos);
+  CHECK(message({.range = SyntheticImages::Range{1, 0}}).find("got [1, 0]") != std::string::npos);
+  CHECK(message({.range = SyntheticImages::Range{0, std::numeric_limits<double>::infinity()}}).find("range must") !=
+        std::string::npos);
+  CHECK(message({.range = SyntheticImages::Range{std::nan(""), 1}}).find("range must") != std::string::npos);
   SyntheticImages images{{.size = 3}};
   CHECK_THROWS_WITH_AS(images.get(3), doctest::Contains("index 3 is out of range"), nitro::Error);
   CHECK_THROWS_AS(images.stacked(2, 4), nitro::Error);
+}
+
+namespace {
+// The bits of every image element, summed with a weight per position: a change of any bit of any
+// element, or a permutation, changes it.
+std::int64_t bits_signature(SyntheticImages& images, std::int64_t n) {
+  const auto [x, y] = images.stacked(0, n);
+  const auto bits = x.contiguous().view(at::kInt).to(at::kLong).flatten();
+  const auto weights = torch::arange(1, bits.numel() + 1, at::kLong).remainder(1009).add(1);
+  return bits.mul(weights).sum().item<std::int64_t>() + y.mul(torch::arange(1, n + 1, at::kLong)).sum().item<std::int64_t>();
+}
+}  // namespace
+
+TEST_CASE("without a range, samples are bit for bit those of before the option") {
+  SyntheticImages standard{{.size = 16}};
+  SyntheticImages small{{.size = 32, .classes = 4, .channels = 1, .height = 8, .width = 8, .noise = 0.5, .seed = 9}};
+  // Computed by this function from the header as it was before `range` (commit d1fde23).
+  CHECK(bits_signature(standard, 16) == -1185849474335090);
+  CHECK(bits_signature(small, 32) == -98751231036527);
+}
+
+TEST_CASE("with a range, images are bounded by it, spread nearly uniformly, and a monotone map of the unbounded ones") {
+  for (const auto range : {SyntheticImages::Range{0, 1}, SyntheticImages::Range{-1, 1}, SyntheticImages::Range{-3, 10}}) {
+    CAPTURE(range.low);
+    CAPTURE(range.high);
+    for (const double noise : {0.0, 1.0}) {
+      CAPTURE(noise);
+      SyntheticImages plain{{.size = 200, .noise = noise, .seed = 4}};
+      SyntheticImages bounded{{.size = 200, .noise = noise, .seed = 4, .range = range}};
+      const auto [x, y] = bounded.stacked(0, 200);
+      const auto [u, v] = plain.stacked(0, 200);
+      CHECK(y.equal(v));  // the same labels
+      CHECK(x.scalar_type() == at::kFloat);
+      CHECK(x.min().item<double>() >= range.low);
+      CHECK(x.max().item<double>() <= range.high);
+      // Exactly low + (high - low) * Phi(unbounded pixel), up to float rounding.
+      const auto phi = u.to(at::kDouble).div(std::sqrt(2.0)).erf().add(1).mul(0.5);
+      const auto expected = phi.mul(range.high - range.low).add(range.low);
+      CHECK(x.to(at::kDouble).sub(expected).abs().max().item<double>() <= 1e-6 * (range.high - range.low + 1));
+      // Spread: each tenth of the range holds 5% to 15% of the pixels (10% if exactly uniform).
+      const auto fraction = x.to(at::kDouble).sub(range.low).div(range.high - range.low);
+      const auto counts = fraction.mul(10).floor().clamp(0, 9).to(at::kLong).flatten().bincount({}, 10);
+      const double total = static_cast<double>(x.numel());
+      for (std::int64_t b = 0; b < 10; ++b) {
+        CAPTURE(b);
+        const double share = static_cast<double>(counts[b].item<std::int64_t>()) / total;
+        CHECK(share > 0.05);
+        CHECK(share < 0.15);
+      }
+    }
+  }
+  // Deterministic per (seed, index), in any order.
+  SyntheticImages a{{.size = 50, .seed = 6, .range = SyntheticImages::Range{0, 1}}};
+  SyntheticImages b{{.size = 50, .seed = 6, .range = SyntheticImages::Range{0, 1}}};
+  const auto late = b.get(33);
+  CHECK(late.data.equal(a.get(33).data));
+  CHECK(a.get(0).data.equal(b.get(0).data));
+}
+
+TEST_CASE("with a range [0, 1], the nearest centred prototype still classifies almost every noisy sample") {
+  SyntheticImages images{{.size = 500, .noise = 1.0, .seed = 11, .range = SyntheticImages::Range{0, 1}}};
+  const auto [x, y] = images.stacked(0, 500);
+  const auto centred = x.flatten(1) - x.mean();
+  const auto shift = images.options().max_shift;
+  at::Tensor best;
+  for (std::int64_t dy = -shift; dy <= shift; ++dy) {
+    for (std::int64_t dx = -shift; dx <= shift; ++dx) {
+      const auto p = images.prototypes().roll({dy, dx}, {2, 3}).flatten(1);
+      const auto score = torch::mm(centred, p.t());
+      best = best.defined() ? torch::maximum(best, score) : score;
+    }
+  }
+  const double accuracy = best.argmax(1).eq(y).to(at::kDouble).mean().item<double>();
+  CHECK(accuracy >= 0.98);
 }

@@ -11,6 +11,7 @@
 #include <nitro/train/training_loop.hpp>
 
 #include "common.hpp"
+#include "tiny_gan.hpp"
 
 #include <signal.h>
 #include <spawn.h>
@@ -176,6 +177,44 @@ void run_row(const std::string& row) {
 }
 
 }  // namespace
+
+// snapshot::Run with two processes: rank 1 alone gets SIGTERM, inside the generator's step of
+// iteration 5. args: store, rank, world, directory.
+NITRO_TEST_CHILD(run_vote_rank) {
+  at::set_num_threads(1);
+  const int rank = std::stoi(args.at(1));
+  auto g = join(args.at(0), rank, std::stoi(args.at(2)));
+  const fs::path dir = args.at(3);
+  nitro::test::TinyGan m(1);
+  nitro::TrainingLoop<> d_loop(m.d, *m.d_opt), g_loop(m.g, *m.g_opt);
+  nitro::snapshot::Run run{{.directory = dir / "snapshots", .every = 1000}, {{"generator", g_loop}, {"discriminator", d_loop}}};
+  for (std::int64_t i = 0; i < 50; ++i) {
+    at::Tensor fake;
+    d_loop.step(nitro::test::TinyGan::real(i), [&](const at::Tensor& r) { return m.d_loss(r, fake); });
+    g_loop.step(fake, [&](const at::Tensor& f) {
+      if (rank == 1 && i == 4) ::raise(SIGTERM);
+      return m.g_loss(f);
+    });
+    const auto end = run.end_iteration();
+    if (end.stop) {
+      write_text(dir / ("stopped-" + std::to_string(rank)),
+                 std::to_string(run.iteration()) + " " + std::string(end.stop_reason) + " " + end.saved->filename().string());
+      return 0;
+    }
+  }
+  return 4;  // never stopped
+}
+
+TEST_CASE("snapshot::Run with two processes: SIGTERM on one rank stops both after the same iteration, rank 0 saves") {
+  TempDir dir("nitro-run-vote", true);
+  for (const int code : run_ranks("run_vote_rank", 2, dir.path, {dir.path.string()}, std::chrono::minutes(2))) CHECK(code == 0);
+  // The vote begun at the end of iteration 5 is read at the end of iteration 6 on both ranks.
+  const std::string file = nitro::snapshot::file_name(6, 0);
+  CHECK(read_text(dir / "stopped-0") == "6 signal on another rank " + file);
+  CHECK(read_text(dir / "stopped-1") == "6 SIGTERM " + file);
+  CHECK(nitro::snapshot::list(dir / "snapshots") == std::vector<fs::path>{dir / "snapshots" / file});
+  CHECK(nitro::snapshot::check(dir / "snapshots" / file) == std::nullopt);
+}
 
 TEST_CASE("preemption under torchrun: both ranks get SIGTERM at once" * doctest::skip(torchrun_path().empty())) {
   run_row("both ranks");

@@ -196,6 +196,32 @@ TEST_CASE("graph::Capture (direct engine): warm-up, capture, replays follow the 
              run<Eager, nitro::optim::FusedAdamW>(o, 15, eight, {}, schedule), 1e-6);
 }
 
+namespace {
+// Steps with another backward through the model after each (a GAN's generator loss through its
+// discriminator): the parameters after 10 steps, and the replays made.
+template <class Loop>
+std::pair<std::vector<at::Tensor>, std::int64_t> steps_between_other_backwards(typename Loop::Options options) {
+  auto model = make_mlp(3);
+  nitro::optim::FusedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  Loop loop{model, optimizer, options};
+  for (int k = 0; k < 10; ++k) {
+    loop.step(batch(k), [&](const auto& b) { return torch::cross_entropy_loss(model->forward(b.first), b.second); });
+    model->forward(batch(k + 100).first).square().sum().backward();  // leaves gradients on the model
+  }
+  std::int64_t replays = 0;
+  if constexpr (!std::is_same_v<Loop, nitro::TrainingLoop<nitro::amp::Off>>) replays = loop.template hook<Direct>().replays();
+  return {values(*model), replays};
+}
+}  // namespace
+
+TEST_CASE("graph::Capture (direct engine): gradients another backward left on the model are released before a replay, as before an eager step") {
+  const auto eager = steps_between_other_backwards<nitro::TrainingLoop<nitro::amp::Off>>({});
+  const auto captured = steps_between_other_backwards<nitro::TrainingLoop<nitro::amp::Off, Direct>>(
+      {.hooks = {Direct::Options{.warmup = 2}}});
+  CHECK(captured.second == 7);
+  for (std::size_t i = 0; i < eager.first.size(); ++i) CHECK(max_rel_diff(captured.first[i], eager.first[i]) <= 1e-6);
+}
+
 TEST_CASE("graph::Capture (direct engine) with amp::Fp16: inf steps skipped on the device, scale and counters as eager") {
   const std::set<int> infs{1, 5, 6, 11};  // 1: a warm-up step; 5, 6, 11: replays
   const torch::optim::AdamWOptions adamw(1e-2);

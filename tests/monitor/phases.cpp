@@ -5,6 +5,7 @@
 #include "testing.hpp"
 
 #include <chrono>
+#include <memory>
 #include <thread>
 #include <type_traits>
 
@@ -105,6 +106,110 @@ TEST_CASE("no data wait: not flagged data-bound") {
   loop.monitor().reset();
   CHECK(loop.monitor().totals().steps == 0);
   CHECK(loop.monitor().window().empty());
+}
+
+TEST_CASE("two loops, each paused during the other's step: each one's data wait is the loader's, and the advice is right") {
+  torch::manual_seed(0);
+  torch::nn::Linear a(8, 1), b(8, 1);
+  torch::optim::SGD opt_a(a->parameters(), 0.01), opt_b(b->parameters(), 0.01);
+  MonitoredLoop loop_a{a, opt_a, {.monitor = {.warmup_steps = 1}}}, loop_b{b, opt_b, {.monitor = {.warmup_steps = 1}}};
+  MonitoredLoop plain{b, opt_b, {.monitor = {.warmup_steps = 1}}};  // the same without pauses
+  const auto x = torch::randn({4, 8}), y = torch::randn({4, 1});
+  const auto slow_loss = [&](torch::nn::Linear& m) {
+    return [&](const auto& batch) {
+      spin(6ms);  // each model's step is slow; the "loader" takes no time
+      return torch::mse_loss(m->forward(batch.first), batch.second);
+    };
+  };
+  for (int i = 0; i < 11; ++i) {
+    {
+      auto away = loop_b.monitor().pause();
+      loop_a.step(std::make_pair(x, y), slow_loss(a));
+    }
+    {
+      auto away = loop_a.monitor().pause();
+      loop_b.step(std::make_pair(x, y), slow_loss(b));
+    }
+  }
+  for (int i = 0; i < 11; ++i) {
+    loop_a.step(std::make_pair(x, y), slow_loss(a));  // not paused: counted as plain's data wait
+    plain.step(std::make_pair(x, y), slow_loss(b));
+  }
+  const auto sa = nitro::monitor::summarize(loop_a.monitor()), sb = nitro::monitor::summarize(loop_b.monitor()),
+             sp = nitro::monitor::summarize(plain.monitor());
+  CHECK(sb[Phase::data].mean_ms < 3.0);  // the other loop's step (>= 6 ms) is left out
+  CHECK(sb.step.mean_ms < sb[Phase::forward].mean_ms + 3.0);
+  CHECK(sp[Phase::data].mean_ms >= 6.0);  // without a pause it is data wait
+  for (const auto& advice : nitro::monitor::bottlenecks(sb)) CHECK(advice.kind != nitro::monitor::Bottleneck::data);
+  CHECK(nitro::monitor::bottlenecks(sp).front().kind == nitro::monitor::Bottleneck::data);
+  // loop_a: its first 10 counted steps paused (the last 11 not); a pause before any step changes nothing.
+  CHECK(sa.steps == 21);
+  nitro::monitor::Recorder fresh;
+  { auto away = fresh.pause(); }
+  fresh.begin_step();
+  fresh.end_step(1);
+  CHECK(fresh.window().empty());  // warm-up
+}
+
+TEST_CASE("pauses that nest or overlap count their time once, and a step begun inside a pause ends it") {
+  const auto data_wait = [](auto&& between) {
+    nitro::monitor::Recorder r({.warmup_steps = 0});
+    r.begin_step();
+    r.end_step(1);
+    between(r);
+    r.begin_step();
+    r.end_step(1);
+    return r.window().back().phase_ms[static_cast<int>(Phase::data)];
+  };
+  // 20 ms waiting for data, 30 ms inside two nested pauses, 10 more in the outer one.
+  const float nested = data_wait([](auto& r) {
+    spin(20ms);
+    auto outer = r.pause();
+    {
+      auto inner = r.pause();
+      spin(30ms);
+    }
+    spin(10ms);
+  });
+  CHECK(nested >= 20.0f);
+  CHECK(nested < 35.0f);
+  // Two pauses alive together, ended in the order they began.
+  const float overlapping = data_wait([](auto& r) {
+    spin(20ms);
+    auto a = std::make_unique<nitro::monitor::Recorder::Pause>(r);
+    auto b = std::make_unique<nitro::monitor::Recorder::Pause>(r);
+    spin(30ms);
+    a.reset();
+    spin(10ms);
+    b.reset();
+  });
+  CHECK(overlapping >= 20.0f);
+  CHECK(overlapping < 35.0f);
+  // load_state inside a pause ends it: the wait starts again at the load (never negative).
+  const float loaded = data_wait([](auto& r) {
+    auto away = r.pause();
+    spin(30ms);
+    r.load_state(r.state());
+    spin(20ms);
+  });
+  CHECK(loaded >= 20.0f);
+  CHECK(loaded < 35.0f);
+  // A step begun inside a pause: the 30 ms paused before it are not its data wait.
+  nitro::monitor::Recorder r({.warmup_steps = 0});
+  r.begin_step();
+  r.end_step(1);
+  {
+    auto away = r.pause();
+    spin(30ms);
+    r.begin_step();
+    r.end_step(1);
+    spin(30ms);  // after the step: no longer paused
+  }
+  r.begin_step();
+  r.end_step(1);
+  const auto w = r.window();
+  CHECK(w[1].phase_ms[static_cast<int>(Phase::data)] < 15.0f);
+  CHECK(w[2].phase_ms[static_cast<int>(Phase::data)] >= 30.0f);
 }
 
 TEST_CASE("the recorder adds up repeated marks of a phase and reads memory every memory_every steps") {

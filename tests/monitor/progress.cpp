@@ -2,6 +2,8 @@
 
 #include "testing.hpp"
 
+#include <nitro/core/step_result.hpp>
+
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -214,39 +216,156 @@ TEST_CASE("a long progress line is cut to the width and the bar is dropped when 
   CHECK(last == std::string("a rather long description: 50% 5/10 [00:01<00:01, 5.0 it/s]").substr(0, 29));
 }
 
-TEST_CASE("progress reads the loss every loss_every updates and averages it with the smoothing") {
+TEST_CASE("progress reads the loss every loss_every updates and shows the mean of the last loss_window") {
   TmpFile out;
   double now = 0;
   auto o = manual(out, now, false);
   o.loss_every = 3;
-  o.loss_smoothing = 0.5;
+  o.loss_window = 2;
   o.plain_every_s = 1000;
   ProgressBar bar{o};
   CHECK_FALSE(bar.loss_average().has_value());
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  // Read: the 1st, 4th, 7th and 10th. The others are NaN: had one been read, the average would be NaN.
-  const std::vector<double> losses{1, nan, nan, 4, nan, nan, 7, nan, nan, 10, nan};
+  // Losses 1, 2, ..., 11; read at the 1st, 4th, 7th and 10th update, each time the last two kept.
   std::vector<double> averages;
-  for (const double loss : losses) {
-    bar.update(1, torch::tensor(loss, torch::kDouble));
+  for (int loss = 1; loss <= 11; ++loss) {
+    bar.update(1, torch::tensor(static_cast<double>(loss), torch::kDouble));
     REQUIRE(bar.loss_average().has_value());
     averages.push_back(*bar.loss_average());
   }
-  // By hand: 1; 0.5 * 1 + 0.5 * 4 = 2.5; 0.5 * 2.5 + 0.5 * 7 = 4.75; 0.5 * 4.75 + 0.5 * 10 = 7.375
-  CHECK(averages == std::vector<double>{1, 1, 1, 2.5, 2.5, 2.5, 4.75, 4.75, 4.75, 7.375, 7.375});
+  // By hand: 1 (only one kept); (3 + 4) / 2 = 3.5; (6 + 7) / 2 = 6.5; (9 + 10) / 2 = 9.5
+  CHECK(averages == std::vector<double>{1, 1, 1, 3.5, 3.5, 3.5, 6.5, 6.5, 6.5, 9.5, 9.5});
   CHECK(bar.count() == 11);
   now = 2;
   bar.set_postfix("lr=0.1");
   bar.close();
-  CHECK(out.text() == "train: 11 it elapsed 00:02 5.5 it/s loss 7.375 lr=0.1\n");
+  // close() reads what was kept since the last read: the last two, (10 + 11) / 2.
+  CHECK(out.text() == "train: 11 it elapsed 00:02 5.5 it/s loss 10.5 lr=0.1\n");
+  CHECK(bar.loss_average() == 10.5);
 }
 
-TEST_CASE("the progress loss average with smoothing 0 is the last value read and a float tensor works") {
+TEST_CASE("progress close() shows the mean of the window as it ends, not as of the last read") {
+  TmpFile out;
+  double now = 0;
+  ProgressBar bar{manual(out, now, false)};  // read every 50, the mean of the last 50
+  for (int i = 1; i <= 100; ++i) bar.update(1, static_cast<double>(i));
+  CHECK(bar.loss_average() == 26.5);  // read at update 51: the mean of 2..51
+  bar.close();
+  CHECK(bar.loss_average() == 75.5);  // the mean of 51..100
+  CHECK(out.text().find("loss 75.5") != std::string::npos);
+}
+
+TEST_CASE("the progress loss follows a jump within the window, not a lagging running mean") {
+  // The defaults: read every 50 updates, the mean of the last 50. The loss is 1 for 100 updates,
+  // then 5 (the issue's bar showed 2.273 long after the loss had jumped to 5.39).
+  TmpFile out;
+  double now = 0;
+  ProgressBar bar{manual(out, now, false)};
+  CHECK(bar.options().loss_every == 50);
+  CHECK(bar.options().loss_window == 50);
+  std::vector<double> read;  // the loss shown after the reads, at updates 1, 51, 101 and 151
+  for (int i = 1; i <= 151; ++i) {
+    bar.update(1, torch::tensor(i <= 100 ? 1.0 : 5.0));
+    if (i % 50 == 1) read.push_back(bar.loss_average().value());
+  }
+  // By hand: 1; 1; at update 101 updates 52..101: (49 * 1 + 5) / 50 = 1.08; at 151 updates
+  // 102..151, all 5: 5. (The former moving average, weight 0.9, showed 1, 1, 1.4, 1.76.)
+  REQUIRE(read.size() == 4);
+  CHECK(read[0] == 1.0);
+  CHECK(read[1] == 1.0);
+  CHECK(read[2] == doctest::Approx(1.08).epsilon(1e-12));
+  CHECK(read[3] == 5.0);
+}
+
+TEST_CASE("progress update takes a StepResult or a number as well as a loss tensor") {
+  TmpFile out;
+  double now = 0;
+  auto o = manual(out, now, false);
+  o.loss_every = 1;
+  o.loss_window = 4;
+  ProgressBar bar{o};
+  const auto step = [](double loss) {
+    nitro::StepResult r;
+    r.loss = torch::tensor(loss, torch::kFloat);
+    return r;
+  };
+  bar.update(1, 1.0);
+  bar.update(1, step(1.0));
+  bar.update(1, torch::tensor(1.0));
+  bar.update(1, 5.0);
+  CHECK(bar.loss_average() == 2.0);  // (1 + 1 + 1 + 5) / 4
+  bar.update(1, step(5.0));
+  CHECK(bar.loss_average() == 3.0);  // (1 + 1 + 5 + 5) / 4
+  bar.update(2, step(5.0));
+  bar.update(1, 5.0);
+  CHECK(bar.loss_average() == 5.0);
+  CHECK(bar.count() == 8);
+  CHECK_THROWS_WITH_AS(bar.update(-1, 1.0), doctest::Contains("n must be >= 0"), nitro::Error);
+  CHECK_THROWS_WITH_AS(bar.update(1, nitro::StepResult{}), doctest::Contains("undefined"), nitro::Error);
+}
+
+// The example at the top of progress.hpp, as written there (the test below checks that it is).
+namespace banner {
+struct Loop {
+  int steps = 0;
+  template <class Batch, class LossFn>
+  nitro::StepResult step(const Batch&, LossFn&&) {
+    nitro::StepResult r;
+    r.loss = torch::tensor(static_cast<double>(++steps));
+    return r;
+  }
+};
+double example(std::FILE* stream) {
+  const std::int64_t steps = 3;
+  const std::vector<int> batches{1, 2, 3};
+  const auto loss_fn = [](const at::Tensor& x) { return x; };
+  Loop loop;
+  nitro::monitor::ProgressBar bar{{.total = steps, .desc = "epoch 1", .loss_every = 50, .stream = stream}};
+  for (auto& batch : batches) {
+    nitro::StepResult result = loop.step(batch, loss_fn);
+    bar.update(1, result);                   // keeps result.loss; reads the last 50 every 50th call
+  }
+  bar.close();                               // final state and a newline (also done by the destructor)
+  return bar.loss_average().value();
+}
+}  // namespace banner
+
+TEST_CASE("the example at the top of progress.hpp compiles and runs as written") {
+  TmpFile out;
+  CHECK(banner::example(out.get()) == 2.0);  // read at the first update, then by close(): (1 + 2 + 3) / 3
+  CHECK(lines_of(out.text()).back().rfind("epoch 1: 3/3 (100%)", 0) == 0);
+  // Its lines (but the options, which differ by the stream) are in this file as they are in the header.
+  const auto read = [](const std::string& path) {
+    std::FILE* f = std::fopen(path.c_str(), "r");
+    REQUIRE(f != nullptr);
+    std::string text;
+    char buffer[4096];
+    for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, f)) > 0;) text.append(buffer, n);
+    std::fclose(f);
+    return text;
+  };
+  const auto header = read(std::string(NITRO_SOURCE_DIR) + "/include/nitro/monitor/progress.hpp");
+  const auto self = read(std::string(NITRO_SOURCE_DIR) + "/tests/monitor/progress.cpp");
+  const auto start = header.find("//   for (auto& batch : batches) {");
+  const auto end = header.find("//   bar.close();", start);
+  REQUIRE(start != std::string::npos);
+  REQUIRE(end != std::string::npos);
+  const auto example = lines_of(header.substr(start, header.find('\n', end) - start));
+  CHECK(example.size() == 5);
+  for (const auto& line : example) {
+    CAPTURE(line);
+    REQUIRE(line.rfind("//   ", 0) == 0);
+    CHECK(self.find("\n  " + line.substr(5) + "\n") != std::string::npos);
+  }
+  CHECK(header.find("//   nitro::monitor::ProgressBar bar{{.total = steps, .desc = \"epoch 1\", .loss_every = 50}};") !=
+        std::string::npos);
+}
+
+TEST_CASE("a progress loss window of 1 shows the last value read and a float tensor works") {
   TmpFile out;
   double now = 0;
   auto o = manual(out, now, true);
   o.loss_every = 2;
-  o.loss_smoothing = 0;
+  o.loss_window = 1;
   o.refresh_s = 0;
   o.width = 200;
   o.total = 4;
@@ -273,10 +392,8 @@ TEST_CASE("bad progress options and bad updates throw nitro::Error naming the pr
                        nitro::Error);
   CHECK_THROWS_WITH_AS(ProgressBar{with([](auto& o) { o.loss_every = 0; })},
                        doctest::Contains("loss_every must be >= 1"), nitro::Error);
-  CHECK_THROWS_WITH_AS(ProgressBar{with([](auto& o) { o.loss_smoothing = 1.0; })},
-                       doctest::Contains("loss_smoothing must be in [0, 1)"), nitro::Error);
-  CHECK_THROWS_WITH_AS(ProgressBar{with([](auto& o) { o.loss_smoothing = -0.1; })},
-                       doctest::Contains("loss_smoothing"), nitro::Error);
+  CHECK_THROWS_WITH_AS(ProgressBar{with([](auto& o) { o.loss_window = 0; })},
+                       doctest::Contains("loss_window must be >= 1"), nitro::Error);
   CHECK_THROWS_WITH_AS(ProgressBar{with([](auto& o) { o.refresh_s = -1; })}, doctest::Contains("refresh_s"),
                        nitro::Error);
   CHECK_THROWS_WITH_AS(ProgressBar{with([](auto& o) { o.plain_every_s = -1; })},
@@ -295,22 +412,22 @@ TEST_CASE("bad progress options and bad updates throw nitro::Error naming the pr
   CHECK_FALSE(bar.loss_average().has_value());
 }
 
-TEST_CASE("gpu: a GPU loss is copied without blocking and averaged once its copy is done" * nitro::test::needs_gpu()) {
+TEST_CASE("gpu: GPU losses are summed on the device, copied without blocking and averaged once the copy is done" * nitro::test::needs_gpu()) {
   auto out = std::shared_ptr<std::FILE>(std::tmpfile(), &std::fclose);
   ProgressOptions o;
   o.stream = out.get();
   o.terminal = false;
   o.loss_every = 1;
-  o.loss_smoothing = 0.5;
+  o.loss_window = 3;
   ProgressBar bar{o};
   const auto device = nitro::Cuda::device();
-  double expected = 0;
   for (int v = 1; v <= 4; ++v) {
     torch::cuda::synchronize();  // the previous copy is done: none is skipped
     bar.update(1, torch::tensor(static_cast<double>(v), torch::TensorOptions().device(device)) * 1.0f);
-    expected = v == 1 ? 1.0 : 0.5 * expected + 0.5 * v;
   }
-  bar.close();  // waits for the last copy
+  torch::cuda::synchronize();
+  bar.update(1, 8.0);  // a number on the host joins the GPU losses of the window
+  bar.close();         // waits for the last copy
   REQUIRE(bar.loss_average().has_value());
-  CHECK(*bar.loss_average() == doctest::Approx(expected));
+  CHECK(*bar.loss_average() == doctest::Approx((3.0 + 4.0 + 8.0) / 3));
 }

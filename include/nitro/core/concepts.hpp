@@ -3,7 +3,7 @@
 // failed check names the piece that is missing (mp-units' habit). This header includes no LibTorch
 // header: it forward-declares the two LibTorch types it names.
 //
-//   DeviceTag          Cpu, Cuda (core/device.hpp)
+//   DeviceTag          Cpu, Cuda, Auto (core/device.hpp)
 //   Batch              what a Prefetcher or TrainingLoop moves between devices: a tensor, a tuple or
 //                      pair of batches, a vector of batches, torch::data::Example, or a user type
 //                      that provides the customization point `nitro_map_tensors` (core/device.hpp)

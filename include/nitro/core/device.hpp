@@ -2,6 +2,8 @@
 // Device tags and moving a batch between devices.
 //
 //   nitro::Cpu, nitro::Cuda      device tags: templates such as Prefetcher<Cuda> are specialised on them
+//   nitro::Auto                  the tag whose device is a value chosen at run time (Prefetcher<Auto>
+//                                with {.device = d}); Auto::device() is CUDA when available, else the CPU
 //   nitro::concrete_device(d)    `cuda` (the current device) made concrete: `cuda:1`
 //   nitro::map_tensors(b, f)     a copy of batch b with f applied to each tensor: the one mechanism
 //                                behind to_device, pin_memory and for_each_tensor
@@ -20,6 +22,7 @@
 //     friend MyBatch nitro_map_tensors(const MyBatch& b, F&& f) { return {f(b.image), f(b.mask), b.id}; }
 //   };
 #include <nitro/core/concepts.hpp>
+#include <nitro/core/config.hpp>
 #include <nitro/core/error.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -54,8 +57,31 @@ struct Cuda {
   static c10::Device device(c10::DeviceIndex index = -1) { return c10::Device(type, index); }
 };
 
+/// The device chosen at run time, as the program it ports does (`torch::cuda::is_available() ?
+/// kCUDA : kCPU`): code specialised on Auto takes a c10::Device value (the CPU, `cuda` or `cuda:N`)
+/// and acts, from then on, as its Cpu or Cuda variant would. There is no one kind to name:
+/// `type` is COMPILE_TIME_MAX_DEVICE_TYPES, a value no device has, so that code comparing a tag's
+/// type with kCPU or kCUDA does not mistake Auto for either; use the device value instead.
+///   nitro::Prefetcher<nitro::Auto, decltype(source)> batches{source, {.device = device}};
+struct Auto {
+  static constexpr c10::DeviceType type = c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES;
+  static constexpr std::string_view name = "auto";
+  /// Always true: without a GPU, Auto's device is the CPU.
+  static bool available() noexcept { return true; }
+  /// The default device: `cuda:index` (index -1: the current GPU) when this build has CUDA
+  /// (NITRO_WITH_CUDA) and a GPU is available, else the CPU.
+  static c10::Device device(c10::DeviceIndex index = -1) {
+#if NITRO_WITH_CUDA
+    if (Cuda::available()) return Cuda::device(index);
+#endif
+    (void)index;
+    return Cpu::device();
+  }
+};
+
 static_assert(DeviceTag<Cpu>);
 static_assert(DeviceTag<Cuda>);
+static_assert(DeviceTag<Auto>);
 
 /// The concrete device `device` means when the current CUDA device is `current`: a CUDA device
 /// without an index (`cuda`, index -1) is `cuda:current`; any other device is itself. The logic of
@@ -90,7 +116,8 @@ namespace detail {
 }
 }  // namespace detail
 
-/// Throws nitro::Error naming `what` when device D is not present.
+/// Throws nitro::Error naming `what` when device D is not present (never for Cpu and Auto, whose
+/// device falls back to the CPU: check Auto's chosen device with the overload below).
 /// nitro::require_available<nitro::Cuda>("Prefetcher<Cuda>");
 template <DeviceTag D>
 void require_available(std::string_view what) {
@@ -99,6 +126,22 @@ void require_available(std::string_view what) {
                   ? " (torch::cuda::is_available() is false: no GPU or driver, or a CPU-only LibTorch); "
                     "use the nitro::Cpu variant or run where a GPU is present"
                   : "");
+}
+
+/// Throws nitro::Error naming `what` when `device`, a value chosen at run time, cannot be used:
+/// a CUDA device in a build without CUDA (NITRO_WITH_CUDA 0) or where no GPU is available, or a
+/// device that is neither the CPU nor CUDA. Does not check that index N of `cuda:N` exists.
+/// nitro::require_available(device, "nitro::Prefetcher<Auto>");
+inline void require_available(c10::Device device, std::string_view what) {
+  NITRO_CHECK(device.is_cpu() || device.is_cuda(), what, ": device is ", device,
+              "; give the CPU or a CUDA device (cuda, cuda:N)");
+  if (!device.is_cuda()) return;
+  NITRO_CHECK(NITRO_WITH_CUDA, what, ": device is ", device,
+              ", but Nitro was built without CUDA (NITRO_WITH_CUDA is 0: a CPU-only LibTorch, or defined so); "
+              "give the CPU, or build against a LibTorch with CUDA");
+  NITRO_CHECK(Cuda::available(), what, ": device is ", device,
+              ", but no CUDA device is available in this process (torch::cuda::is_available() is false: no GPU "
+              "or driver); give the CPU, e.g. nitro::Auto::device(), which is the CPU there");
 }
 
 namespace detail {
@@ -228,7 +271,8 @@ B to_device(const B& batch, c10::Device device, const TransferOptions& options =
   });
 }
 
-/// Moves every tensor of `batch` to the current device of kind D.
+/// Moves every tensor of `batch` to the current device of kind D (Auto: to Auto::device(), the
+/// current GPU when one is available, else the CPU).
 template <DeviceTag D, class B>
 B to_device(const B& batch, const TransferOptions& options = {}) {
   return to_device(batch, D::device(), options);

@@ -9,6 +9,8 @@
 //    case they throw nitro::ContractViolation, so tests can check them with CHECK_THROWS.
 #include <gsl/assert>
 
+#include <initializer_list>
+#include <ostream>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -37,10 +39,40 @@ template <class... Parts>
   return std::move(out).str();
 }
 
+/// One part of a failure message with its type erased: the message is streamed by one function per
+/// type of part, not by a stream expression per NITRO_CHECK, whose parts' types (string literals of
+/// every length) are different at almost every call. That keeps the compile time of a translation
+/// unit that includes Nitro's headers down.
+struct MessagePart {
+  const void* value;
+  void (*write)(std::ostream& out, const void* value);
+};
+
+template <class T>
+void write_message_part(std::ostream& out, const void* value) {
+  out << *static_cast<const T*>(value);
+}
+
+inline void write_c_string(std::ostream& out, const void* value) { out << static_cast<const char*>(value); }
+
+// String literals (char arrays of any length) and const char* stream as C strings.
+inline MessagePart message_part(const char* s) noexcept { return {s, &write_c_string}; }
+
+template <class T>
+MessagePart message_part(const T& value) noexcept {
+  return {&value, &write_message_part<T>};
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void fail_with(std::initializer_list<MessagePart> parts) {
+  std::ostringstream out;
+  for (const MessagePart& part : parts) part.write(out, part.value);
+  throw Error(std::move(out).str());
+}
+
 /// Out of line and cold, so the check at the call site stays one compare and one branch.
 template <class... Parts>
-[[noreturn, gnu::cold, gnu::noinline]] void fail(Parts&&... parts) {
-  throw Error(concat(std::forward<Parts>(parts)...));
+[[noreturn, gnu::cold, gnu::noinline]] void fail(const Parts&... parts) {
+  fail_with({message_part(parts)...});
 }
 
 [[noreturn, gnu::cold, gnu::noinline]] inline void contract_violation(const char* kind, const char* cond,

@@ -18,7 +18,7 @@
 #if NITRO_WITH_CUDA
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAEvent.h>  // at::cuda::CUDAEvent (ATen/cuda/CUDAEvent.h adds cuBLAS, cuSPARSE, cuSOLVER)
 #include <ATen/ops/empty.h>
 
 #include <atomic>

@@ -32,6 +32,15 @@
 //   for (std::int64_t e = start; e < epochs; ++e) { batches.set_epoch(e); for (auto& b : batches) ...; }
 // Once an epoch ended, next() keeps returning nothing until set_epoch.
 //
+// Prefetcher<Auto> takes its device at run time, as a program that picks CUDA when it is there:
+//   const c10::Device device = torch::cuda::is_available() ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU);
+//   nitro::Prefetcher<nitro::Auto, decltype(loader)> batches{std::move(loader), {.device = device}};
+// Given a CUDA device it is Prefetcher<Cuda> (pinned staging, the copy stream, events, record_stream),
+// given the CPU it is Prefetcher<Cpu> (no copies); unset, the device is Auto::device() (the current
+// GPU when one is available, else the CPU). The choice is fixed when the prefetcher is made; a CUDA
+// device where none is available, or in a build without CUDA (NITRO_WITH_CUDA 0), throws nitro::Error.
+// Prefetcher<Cpu> and Prefetcher<Cuda> test nothing at run time: they choose at compile time, as before.
+//
 // Prefetcher<Cuda> works on one concrete GPU: Options::device (the model's, e.g. cuda:1), or the
 // device current when it is made. The consumer's stream on that GPU waits on an event for each
 // batch's copy (no host synchronisation), and each tensor is record_stream'ed on the consumer's
@@ -64,12 +73,14 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string_view>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #if NITRO_WITH_CUDA
-#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAEvent.h>  // at::cuda::CUDAEvent (ATen/cuda/CUDAEvent.h adds cuBLAS, cuSPARSE, cuSOLVER)
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -95,6 +106,9 @@ struct PrefetchOptions {
   std::function<B(B)> transform{};
   /// Prefetcher<Cuda>: the GPU batches go to (the model's, e.g. cuda:1); unset, or `cuda` without an
   /// index: the device current when the prefetcher is made. Prefetcher<Cpu>: unset or cpu.
+  /// Prefetcher<Auto>: the CPU or a CUDA device, chosen at run time; unset: Auto::device() (the
+  /// current GPU when one is available, else the CPU). The options marked Prefetcher<Cuda> apply
+  /// when it is a CUDA device.
   std::optional<c10::Device> device{};
 };
 
@@ -113,22 +127,18 @@ class Prefetcher {
   Prefetcher(Source source, Options options) : source_(std::move(source)), o_(std::move(options)) {
     NITRO_CHECK(o_.depth >= 1, "nitro::Prefetcher: depth is 0; give the number of batches to make ahead, >= 1");
     NITRO_CHECK(o_.workers >= 1, "nitro::Prefetcher: workers is 0; give the number of worker threads, >= 1");
-    NITRO_CHECK(!o_.device || o_.device->type() == Device::type, "nitro::Prefetcher<", Device::name, ">: device is ",
-                o_.device.value_or(c10::Device(c10::kCPU)), ", not a ", Device::name,
-                " device; give one of that kind, or leave it unset");
+    if constexpr (run_time_device) {
+      const c10::Device device = o_.device.value_or(Auto::device());
+      require_available(device, "nitro::Prefetcher<Auto>");
+      if (device.is_cuda()) start_copies(device, "nitro::Prefetcher<Auto>");  // from now on, Prefetcher<Cuda>
+    } else {
+      NITRO_CHECK(!o_.device || o_.device->type() == Device::type, "nitro::Prefetcher<", Device::name,
+                  ">: device is ", o_.device.value_or(c10::Device(c10::kCPU)), ", not a ", Device::name,
+                  " device; give one of that kind, or leave it unset (or use nitro::Auto to choose at run time)");
+    }
     if constexpr (Device::type == c10::DeviceType::CUDA) {
       require_available<Device>("nitro::Prefetcher<Cuda>");
-#if NITRO_WITH_CUDA
-      device_ = concrete_device(o_.device.value_or(Cuda::device()));
-      const auto count = static_cast<int>(c10::cuda::device_count());
-      NITRO_CHECK(device_.index() < count, "nitro::Prefetcher<Cuda>: device ", device_, " does not exist (this "
-                  "process sees ", count, " GPU(s)); give an index in [0, ", count, ")");
-      copy_stream_.emplace(c10::cuda::getStreamFromPool(false, device_.index()));
-      // What the constructing thread queued so far (constants a transform captured) comes first.
-      at::cuda::CUDAEvent made;
-      made.record(c10::cuda::getCurrentCUDAStream(device_.index()));
-      made.block(*copy_stream_);
-#endif
+      start_copies(o_.device.value_or(Cuda::device()), "nitro::Prefetcher<Cuda>");
     }
     if constexpr (requires(const source_type& src) { src.epoch(); }) epoch_ = source_.epoch();
     const std::size_t workers = source_type::parallel ? o_.workers : 1;
@@ -228,17 +238,24 @@ class Prefetcher {
     std::lock_guard guard(mutex_);
     return static_cast<std::size_t>(next_task_ - next_out_);
   }
-  /// The device batches are delivered on (Prefetcher<Cuda>: a concrete GPU, e.g. cuda:1).
+  /// The device batches are delivered on (Prefetcher<Cuda>, and Prefetcher<Auto> given a GPU: a
+  /// concrete GPU, e.g. cuda:1).
   [[nodiscard]] c10::Device device() const noexcept {
 #if NITRO_WITH_CUDA
-    if constexpr (Device::type == c10::DeviceType::CUDA) return device_;
+    if constexpr (Device::type == c10::DeviceType::CUDA || run_time_device) return device_;
 #endif
     return c10::Device(c10::kCPU);
   }
 #if NITRO_WITH_CUDA
   [[nodiscard]] const PinnedPool& pinned_pool() const noexcept { return pool_; }
-  /// Prefetcher<Cuda>: the stream the copies (and the transform) run on.
-  [[nodiscard]] c10::cuda::CUDAStream copy_stream() const { return *copy_stream_; }
+  /// Prefetcher<Cuda>, and Prefetcher<Auto> on a GPU: the stream the copies (and the transform) run
+  /// on. Throws nitro::Error for a Prefetcher<Auto> on the CPU, which has none.
+  [[nodiscard]] c10::cuda::CUDAStream copy_stream() const {
+    if constexpr (run_time_device)
+      NITRO_CHECK(copy_stream_.has_value(), "nitro::Prefetcher<Auto>::copy_stream: the device is ", device_,
+                  ", which has no copy stream; ask only when device().is_cuda()");
+    return *copy_stream_;
+  }
 #endif
 
  private:
@@ -250,6 +267,37 @@ class Prefetcher {
 #endif
   };
   static constexpr std::uint64_t no_end = std::numeric_limits<std::uint64_t>::max();
+  // Prefetcher<Auto>: whether batches are copied to a GPU is decided at construction (copies()).
+  static constexpr bool run_time_device = std::is_same_v<Device, Auto>;
+
+  // Prefetcher<Auto>: whether it was given a GPU, so that batches are staged and copied to device_ on
+  // the copy stream. Fixed by the constructor (the copy stream is made there, or never).
+  // Prefetcher<Cuda> always copies and Prefetcher<Cpu> never does: make() knows at compile time.
+  [[nodiscard]] bool copies() const noexcept {
+#if NITRO_WITH_CUDA
+    return copy_stream_.has_value();
+#else
+    return false;
+#endif
+  }
+
+  // The device and copy stream of a prefetcher that copies to a GPU (`device`: CUDA, available).
+  void start_copies([[maybe_unused]] c10::Device device, [[maybe_unused]] std::string_view who) {
+#if NITRO_WITH_CUDA
+    device_ = concrete_device(device);
+    const auto count = static_cast<int>(c10::cuda::device_count());
+    NITRO_CHECK(device_.index() < count, who, ": device ", device_, " does not exist (this process sees ", count,
+                " GPU(s)); give an index in [0, ", count, ")");
+    copy_stream_.emplace(c10::cuda::getStreamFromPool(false, device_.index()));
+    // What the constructing thread queued so far (constants a transform captured) comes first.
+    at::cuda::CUDAEvent made;
+    made.record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    made.block(*copy_stream_);
+#else
+    NITRO_CHECK(false, who, ": Nitro was built without CUDA (NITRO_WITH_CUDA is 0), so it cannot copy to ", device,
+                "; use the CPU, or build against a LibTorch with CUDA");
+#endif
+  }
 
   void work() {
     for (;;) {
@@ -292,35 +340,50 @@ class Prefetcher {
 
   void make(Item& item, batch_type&& batch) {
     if constexpr (Device::type == c10::DeviceType::CUDA) {
-#if NITRO_WITH_CUDA
-      // CUDA tensors of the source: the copy stream waits for what the worker's current stream of
-      // their device had queued (the source's kernels), and the allocator for the copy stream's reads.
-      bool source_pinned = false;
-      for_each_tensor(batch, [&](const at::Tensor& t) {
-        if (!t.defined()) return;
-        source_pinned = source_pinned || (t.device().is_cpu() && t.is_pinned());
-        if (!t.is_cuda()) return;
-        at::cuda::CUDAEvent produced;
-        produced.record(c10::cuda::getCurrentCUDAStream(t.device().index()));
-        produced.block(*copy_stream_);
-        t.record_stream(*copy_stream_);
-      });
-      // Staged tensors are dropped at the end of this call, their copies queued: LibTorch's caching
-      // host allocator reuses them once the copies are done (data/pinned_pool.hpp).
-      batch_type host = o_.pin_memory ? pool_.stage(batch) : std::move(batch);
-      c10::cuda::CUDAStreamGuard on_copy_stream(*copy_stream_);
-      // Without the pool, memory the source pinned itself is copied synchronously: the source may
-      // refill it once this returns.
-      const bool async = o_.non_blocking && (o_.pin_memory || !source_pinned);
-      batch_type on_device = to_device(host, device_, {.non_blocking = async, .channels_last = o_.channels_last});
-      if (o_.transform) on_device = o_.transform(std::move(on_device));
-      item.copied = std::make_shared<at::cuda::CUDAEvent>();
-      item.copied->record(*copy_stream_);
-      item.batch.emplace(std::move(on_device));
-#endif
+      make_on_device(item, std::move(batch));
+    } else if constexpr (run_time_device) {
+      if (copies()) make_on_device(item, std::move(batch));
+      else make_on_host(item, std::move(batch));
     } else {
-      item.batch.emplace(o_.transform ? o_.transform(std::move(batch)) : std::move(batch));
+      make_on_host(item, std::move(batch));
     }
+  }
+
+  // Prefetcher<Cpu>, and Prefetcher<Auto> on the CPU: the batch as the source made it, transformed.
+  void make_on_host(Item& item, batch_type&& batch) {
+    item.batch.emplace(o_.transform ? o_.transform(std::move(batch)) : std::move(batch));
+  }
+
+  // Prefetcher<Cuda>, and Prefetcher<Auto> on a GPU: staged, copied on the copy stream, transformed there.
+  void make_on_device(Item& item, [[maybe_unused]] batch_type&& batch) {
+#if NITRO_WITH_CUDA
+    // CUDA tensors of the source: the copy stream waits for what the worker's current stream of
+    // their device had queued (the source's kernels), and the allocator for the copy stream's reads.
+    bool source_pinned = false;
+    for_each_tensor(batch, [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      source_pinned = source_pinned || (t.device().is_cpu() && t.is_pinned());
+      if (!t.is_cuda()) return;
+      at::cuda::CUDAEvent produced;
+      produced.record(c10::cuda::getCurrentCUDAStream(t.device().index()));
+      produced.block(*copy_stream_);
+      t.record_stream(*copy_stream_);
+    });
+    // Staged tensors are dropped at the end of this call, their copies queued: LibTorch's caching
+    // host allocator reuses them once the copies are done (data/pinned_pool.hpp).
+    batch_type host = o_.pin_memory ? pool_.stage(batch) : std::move(batch);
+    c10::cuda::CUDAStreamGuard on_copy_stream(*copy_stream_);
+    // Without the pool, memory the source pinned itself is copied synchronously: the source may
+    // refill it once this returns.
+    const bool async = o_.non_blocking && (o_.pin_memory || !source_pinned);
+    batch_type on_device = to_device(host, device_, {.non_blocking = async, .channels_last = o_.channels_last});
+    if (o_.transform) on_device = o_.transform(std::move(on_device));
+    item.copied = std::make_shared<at::cuda::CUDAEvent>();
+    item.copied->record(*copy_stream_);
+    item.batch.emplace(std::move(on_device));
+#else
+    (void)item;  // not reached: the constructor threw (start_copies)
+#endif
   }
 
   // Stores item s (if any; not past the epoch's end, which set_epoch may have moved) and, when `end`

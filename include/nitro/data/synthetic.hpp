@@ -9,8 +9,15 @@
 // whatever the order or thread that reads it. Two data sets with the same seed and
 // disjoint [offset, offset + size) ranges share the classes and no samples: a train and a test split.
 //
+// With a range {low, high}, each pixel x of that image becomes low + (high - low) * Phi(x), Phi the
+// standard normal distribution function: bounded by [low, high] and spread nearly uniformly over it,
+// like images read from files and scaled ([0, 1] for MNIST, [-1, 1] for a GAN's tanh output), while
+// the map, monotone, keeps what makes the classes learnable. Unset, samples are as they always were.
+//
 //   nitro::data::SyntheticImages train{{.size = 8192}};
 //   nitro::data::SyntheticImages test{{.size = 1024, .offset = 8192}};
+//   nitro::data::SyntheticImages mnist_like{{.size = 60'000, .channels = 1, .height = 28, .width = 28,
+//                                            .range = nitro::data::SyntheticImages::Range{0, 1}}};
 //   auto loader = torch::data::make_data_loader(train.map(torch::data::transforms::Stack<>()), 64);
 #include <nitro/core/error.hpp>
 
@@ -25,6 +32,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <numbers>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -33,6 +41,12 @@ namespace nitro::data {
 
 class SyntheticImages : public torch::data::datasets::Dataset<SyntheticImages> {
  public:
+  /// Bounds of the pixel values: low < high, both finite.
+  struct Range {
+    double low = 0;
+    double high = 1;
+  };
+
   struct Options {
     /// Number of samples.
     std::int64_t size = 10'000;
@@ -49,6 +63,9 @@ class SyntheticImages : public torch::data::datasets::Dataset<SyntheticImages> {
     /// Standard deviation of the added noise relative to the prototypes' (1): 0 is trivial, 10 is hard.
     double noise = 1.0;
     std::uint64_t seed = 0;
+    /// Pixels in [low, high], spread nearly uniformly (see the top of this header); unset: unbounded,
+    /// mean 0 and variance about 1.
+    std::optional<Range> range{};
   };
 
   explicit SyntheticImages(Options options) : o_(options) {
@@ -64,6 +81,10 @@ class SyntheticImages : public torch::data::datasets::Dataset<SyntheticImages> {
     NITRO_CHECK(o_.max_shift >= 0 && o_.max_shift < o_.height && o_.max_shift < o_.width,
                 "SyntheticImages: max_shift must be in [0, min(height, width)), got ", o_.max_shift);
     NITRO_CHECK(o_.noise >= 0.0, "SyntheticImages: noise must be >= 0, got ", o_.noise);
+    NITRO_CHECK(!o_.range || (std::isfinite(o_.range->low) && std::isfinite(o_.range->high) &&
+                              o_.range->low < o_.range->high),
+                "SyntheticImages: range must have finite bounds with low < high (e.g. {0, 1} or {-1, 1}), got [",
+                o_.range ? o_.range->low : 0.0, ", ", o_.range ? o_.range->high : 0.0, "]");
     auto gen = at::make_generator<at::CPUGeneratorImpl>(mix(o_.seed, ~std::uint64_t{0}));
     prototypes_ = at::randn({o_.classes, o_.channels, o_.height / o_.block, o_.width / o_.block}, gen)
                       .repeat_interleave(o_.block, 2)
@@ -71,8 +92,8 @@ class SyntheticImages : public torch::data::datasets::Dataset<SyntheticImages> {
                       .contiguous();
   }
 
-  /// Sample `index` (0-based within this data set): a float image [channels, height, width] and an
-  /// int64 scalar label.
+  /// Sample `index` (0-based within this data set): a float image [channels, height, width] (in the
+  /// range, when one is set) and an int64 scalar label.
   torch::data::Example<> get(size_t index) override {
     NITRO_CHECK(static_cast<std::int64_t>(index) < o_.size, "SyntheticImages: index ", index,
                 " is out of range; the data set has ", o_.size, " samples");
@@ -86,6 +107,11 @@ class SyntheticImages : public torch::data::datasets::Dataset<SyntheticImages> {
     const double contrast = 0.75 + 0.5 * static_cast<double>((h >> 8) & 0xFFF) / 4095.0;
     auto image = prototypes_[label].roll({dy, dx}, {1, 2}).mul(contrast);
     if (o_.noise > 0) image.add_(at::randn(image.sizes(), gen), o_.noise).div_(std::sqrt(1.0 + o_.noise * o_.noise));
+    if (o_.range) {
+      // Phi(x) = (1 + erf(x / sqrt(2))) / 2, scaled to the range; clamped against rounding at the ends.
+      const auto [low, high] = *o_.range;
+      image.mul_(1 / std::numbers::sqrt2).erf_().add_(1.0).mul_(0.5 * (high - low)).add_(low).clamp_(low, high);
+    }
     return {std::move(image), at::scalar_tensor(label, at::kLong)};
   }
 
@@ -107,7 +133,8 @@ class SyntheticImages : public torch::data::datasets::Dataset<SyntheticImages> {
     return {at::stack(images), at::stack(labels)};
   }
 
-  /// The class prototypes [classes, C, H, W] (what a perfect classifier would match against).
+  /// The class prototypes [classes, C, H, W] (what a perfect classifier would match against), before
+  /// any range is applied.
   const at::Tensor& prototypes() const noexcept { return prototypes_; }
   const Options& options() const noexcept { return o_; }
 

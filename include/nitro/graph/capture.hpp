@@ -87,7 +87,7 @@
 #if NITRO_WITH_CUDA
 #include <ATen/autocast_mode.h>
 #include <ATen/core/CachingHostAllocator.h>
-#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAEvent.h>  // at::cuda::CUDAEvent (ATen/cuda/CUDAEvent.h adds cuBLAS, cuSPARSE, cuSOLVER)
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>

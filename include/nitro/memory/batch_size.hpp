@@ -91,7 +91,6 @@
 #include <vector>
 
 #if NITRO_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -202,7 +201,7 @@ class StateBackup {
       cpu_rng_ = CpuRng{impl->engine(), impl->next_float_normal_sample(), impl->next_double_normal_sample()};
     }
 #if NITRO_WITH_CUDA
-    if (at::cuda::is_available()) {
+    if (c10::cuda::device_count() > 0) {  // at::cuda::is_available(), without ATen/cuda/CUDAContext.h
       // Every GPU the model is on, and the current one: the trials draw from all of them.
       for (const auto index : ::nitro::detail::cuda_indices(devices(), c10::cuda::current_device())) {
         auto gen = at::cuda::detail::getDefaultCUDAGenerator(index);
@@ -394,7 +393,7 @@ struct BatchSizeResult {
 namespace detail {
 inline void release_cached_memory() {
 #if NITRO_WITH_CUDA
-  if (at::cuda::is_available()) c10::cuda::CUDACachingAllocator::emptyCache();
+  if (c10::cuda::device_count() > 0) c10::cuda::CUDACachingAllocator::emptyCache();
 #endif
 }
 }  // namespace detail

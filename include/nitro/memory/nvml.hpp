@@ -22,7 +22,11 @@
 #include <type_traits>
 
 #if NITRO_WITH_CUDA
-#include <ATen/cuda/CUDAContextLight.h>
+// Not ATen/cuda/CUDAContextLight.h: it includes cuBLAS's, cuSPARSE's and cuSOLVER's headers.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <cuda_runtime_api.h>
 #endif
 
 namespace nitro::memory {
@@ -131,14 +135,18 @@ inline const Nvml& nvml() {
 /// NVML's figures for CUDA device `device` (-1: the current one); nullopt without NVML, CUDA or a GPU.
 [[nodiscard]] inline std::optional<GpuActivity> gpu_activity(int device = -1) {
 #if NITRO_WITH_CUDA
-  if (!at::cuda::is_available()) return std::nullopt;
+  if (c10::cuda::device_count() == 0) return std::nullopt;
   if (!detail::nvml().ok()) return std::nullopt;
-  const auto index = device < 0 ? at::cuda::current_device() : static_cast<c10::DeviceIndex>(device);
-  if (index >= at::cuda::device_count()) return std::nullopt;
-  const auto* p = at::cuda::getDeviceProperties(index);
+  const auto index = device < 0 ? c10::cuda::current_device() : static_cast<c10::DeviceIndex>(device);
+  if (index >= c10::cuda::device_count()) return std::nullopt;
+  // The PCI location of cudaDeviceProp (pciDomainID, pciBusID, pciDeviceID), read attribute by attribute.
+  int domain = 0, bus_id = 0, device_id = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&domain, cudaDevAttrPciDomainId, index));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&bus_id, cudaDevAttrPciBusId, index));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&device_id, cudaDevAttrPciDeviceId, index));
   char bus[32];
-  std::snprintf(bus, sizeof bus, "%08x:%02x:%02x.0", static_cast<unsigned>(p->pciDomainID),
-                static_cast<unsigned>(p->pciBusID), static_cast<unsigned>(p->pciDeviceID));
+  std::snprintf(bus, sizeof bus, "%08x:%02x:%02x.0", static_cast<unsigned>(domain), static_cast<unsigned>(bus_id),
+                static_cast<unsigned>(device_id));
   return detail::nvml().activity(bus);
 #else
   (void)device;

@@ -16,8 +16,15 @@
 //   auto summary = nitro::monitor::summarize(loop.monitor());   // monitor/report.hpp
 //
 // "Waiting for data" is host time from the end of one step() to the start of the next: the loader's
-// next() and anything else the caller does between steps. Samples are the rows of the batch (the
-// size of dimension 0 of its first tensor).
+// next() and anything else the caller does between steps, except what it does inside a pause():
+//
+//   // two loops in one iteration (a GAN): each one's data wait is the loader's time, not the other's step
+//   { auto away = g_loop.monitor().pause(); d_loop.step(real, d_loss); }
+//   { auto away = d_loop.monitor().pause(); g_loop.step(fake, g_loss); }
+//
+// Time inside a pause is left out of the next step's data wait and step time (evaluation, a
+// snapshot, another model's step). Samples are the rows of the batch (the size of dimension 0 of
+// its first tensor).
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/device.hpp>
 #include <nitro/core/error.hpp>
@@ -25,6 +32,7 @@
 
 #include <c10/core/Device.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -33,7 +41,7 @@
 #include <vector>
 
 #if NITRO_WITH_CUDA
-#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAEvent.h>  // at::cuda::CUDAEvent (ATen/cuda/CUDAEvent.h adds cuBLAS, cuSPARSE, cuSOLVER)
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -51,7 +59,8 @@ struct StepRecord {
   /// Rows of the batch (0 when the batch has none).
   std::int32_t samples = 0;
   /// GPU only: the device had finished the previous step when the host began this one (it waited
-  /// for the host: launch- or data-bound).
+  /// for the host: launch- or data-bound). Never set for a step after a pause() (the device ran
+  /// other work meanwhile).
   bool device_idle = false;
 };
 
@@ -87,6 +96,7 @@ struct PhasesOptions {
 class Recorder {
  public:
   using Options = PhasesOptions;
+  using Clock = std::chrono::steady_clock;
 
   /// `device` is where the model is; a CUDA device without an index means the current one, resolved
   /// now (events and memory figures are then always of that device, whatever is current later).
@@ -106,12 +116,20 @@ class Recorder {
   /// The loop calls these four (see nitro::PhaseRecorder).
   void begin_step() {
     const auto t = Clock::now();
+    if (pause_depth_ > 0) [[unlikely]] {
+      end_pause(t);
+      cancel_pauses();
+    }
+    // After a pause the device ran other work (another loop's step): finding it idle says nothing
+    // about this loop's launches or data.
+    [[maybe_unused]] const bool paused = paused_since_end_;
+    paused_since_end_ = false;
     current_ = StepRecord{};
     current_.step = next_step_;
     current_.phase_ms[static_cast<int>(Phase::data)] = ended_ ? ms(end_, t) : 0.0f;
     begin_ = last_ = t;
 #if NITRO_WITH_CUDA
-    if (events_) begin_events();
+    if (events_) begin_events(paused);
 #endif
   }
   void mark(Phase phase) {
@@ -136,6 +154,28 @@ class Recorder {
 #endif
     commit(current_);
   }
+
+  /// Leaves out of the next step's data wait and step time what happens between steps while the
+  /// returned object lives (another loop's step, evaluation, a save). Pauses may nest or overlap: the
+  /// time counted out is the time any of them was open. A step of this recorder begun while one is
+  /// open ends them all (the time paused before it is still left out); so do reset() and load_state().
+  class Pause {
+   public:
+    explicit Pause(Recorder& r) noexcept : r_(&r), epoch_(r.pause_epoch_) {
+      if (r.pause_depth_++ == 0) r.pause_from_ = Clock::now();
+      r.paused_since_end_ = true;
+    }
+    Pause(const Pause&) = delete;
+    Pause& operator=(const Pause&) = delete;
+    ~Pause() {
+      if (r_->pause_epoch_ == epoch_ && --r_->pause_depth_ == 0) r_->end_pause(Clock::now());
+    }
+
+   private:
+    Recorder* r_;
+    std::uint64_t epoch_;
+  };
+  [[nodiscard]] Pause pause() noexcept { return Pause(*this); }
 
   /// Every counted step so far. On a GPU, steps whose events the device has not passed yet are not
   /// in it; resolve() adds them.
@@ -166,6 +206,7 @@ class Recorder {
   }
   /// Forgets every step (the next step counts as the first: warm-up again).
   void reset() {
+    cancel_pauses();
     resolve();
     totals_ = {};
     head_ = 0;
@@ -189,6 +230,7 @@ class Recorder {
   void load_state(State s) {
     NITRO_CHECK(s.ring.size() == ring_.size(), "monitor::Recorder::load_state: the state keeps ", s.ring.size(),
                 " steps but this recorder keeps ", ring_.size(), " (its window option)");
+    cancel_pauses();
     resolve();
     ring_ = std::move(s.ring);
     head_ = s.head;
@@ -213,7 +255,17 @@ class Recorder {
   }
 
  private:
-  using Clock = std::chrono::steady_clock;
+  // The time paused since the later of the pause's start and the last step's end is not data wait:
+  // the reference point of the next step's data wait and step time moves by it (never past now).
+  void end_pause(Clock::time_point now) noexcept {
+    if (ended_) end_ += now - std::max(pause_from_, end_);
+  }
+  // Open pauses count for nothing more (their objects, when they go, change nothing).
+  void cancel_pauses() noexcept {
+    pause_depth_ = 0;
+    ++pause_epoch_;
+  }
+
   static float ms(Clock::time_point a, Clock::time_point b) noexcept {
     return std::chrono::duration<float, std::milli>(b - a).count();
   }
@@ -245,12 +297,12 @@ class Recorder {
     }
   };
 
-  void begin_events() {
+  void begin_events(bool paused) {
     // Read the steps the device has passed; wait only when every slot is taken.
     while (pending_count_ > 0 && resolve_oldest(/*wait=*/false)) {
     }
     if (pending_count_ == kPending) resolve_oldest(/*wait=*/true);
-    current_.device_idle = last_recorded_ != nullptr && last_recorded_->query();
+    current_.device_idle = !paused && last_recorded_ != nullptr && last_recorded_->query();
     auto& p = pool_[(pending_first_ + pending_count_) % kPending];
     p.marks = 0;
     p.events[0].record(stream());
@@ -307,6 +359,10 @@ class Recorder {
   StepRecord current_;
   Clock::time_point begin_{}, last_{}, end_{};
   bool ended_ = false;
+  int pause_depth_ = 0;             // Pause objects open
+  std::uint64_t pause_epoch_ = 0;   // moves on when open pauses are cancelled
+  Clock::time_point pause_from_{};  // when the outermost open pause began
+  bool paused_since_end_ = false;   // a pause began since the last step began (GPU: device_idle unknown)
   std::int64_t next_step_ = 0;
 };
 

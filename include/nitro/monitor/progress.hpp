@@ -4,10 +4,12 @@
 //
 //   nitro::monitor::ProgressBar bar{{.total = steps, .desc = "epoch 1", .loss_every = 50}};
 //   for (auto& batch : batches) {
-//     auto loss = loop.step(batch, loss_fn);
-//     bar.update(1, loss);                     // keeps the tensor; reads it (.item()) every 50th call
+//     nitro::StepResult result = loop.step(batch, loss_fn);
+//     bar.update(1, result);                   // keeps result.loss; reads the last 50 every 50th call
 //   }
 //   bar.close();                               // final state and a newline (also done by the destructor)
+//
+// update(n, loss) takes a StepResult (its loss), a one-element tensor, or a number.
 //
 // On a terminal it rewrites one line at most every refresh_s seconds:
 //
@@ -18,26 +20,32 @@
 //
 //   epoch 1: 450/1000 (45%) elapsed 00:12 eta 00:15 37.1 it/s loss 0.4321
 //
-// Why the loss is read only every loss_every calls: on a GPU, .item() waits for every kernel queued
-// so far, which stalls the pipeline of asynchronous launches the training step relies on. The loss
-// shown is an exponential moving average of those reads, not of every step. A GPU loss is never read
-// with .item(): the kept loss is copied to pinned host memory without blocking, and the value is
-// taken once that copy has completed (looked at on each later kept loss and at a draw), so the
-// average lags the GPU by at most loss_every steps and the bar never waits for the device; close()
-// waits for the last copy.
+// The loss shown is the mean of the losses of the last loss_window updates (50) that passed one,
+// every one of them counted, taken at the last read (and by close(), so the final line shows the
+// window as it ends). Why the losses are read only every loss_every
+// calls: on a GPU, .item() waits for every kernel queued so far, which stalls the pipeline of
+// asynchronous launches the training step relies on. So update() only keeps the loss tensor (a
+// reference, not a copy: pass a tensor the step made, not one it changes in place later), and each
+// read sums the kept ones. A GPU loss is never read with .item(): the window's sum is computed on the
+// device and copied to pinned host memory without blocking, and the value is taken once that copy
+// has completed (looked at on each later read and at a draw), so the mean lags the GPU by at most
+// loss_every steps and the bar never waits for the device; close() waits for the last copy.
 //
-// update() costs one compare of n, one add, one clock read and one compare while no draw is due.
+// update() costs one compare of n, one add, one clock read and one compare while no draw is due,
+// and with a loss a few more: its checks and the swap of one kept tensor in the window.
 // Not thread-safe: update a bar from one thread.
 #include <nitro/core/error.hpp>
 #include <nitro/core/rank.hpp>
+#include <nitro/core/step_result.hpp>
 
 #include <nitro/core/config.hpp>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
 
 #if NITRO_WITH_CUDA
-#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAEvent.h>  // at::cuda::CUDAEvent (ATen/cuda/CUDAEvent.h adds cuBLAS, cuSPARSE, cuSOLVER)
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -55,6 +63,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace nitro::monitor {
 
@@ -67,12 +76,14 @@ struct ProgressOptions {
   std::int64_t total = 0;
   /// Shown first on the line.
   std::string desc = "train";
-  /// Read the loss tensor (.item(), a host-device sync on a GPU) on the 1st, (K+1)th, (2K+1)th...
-  /// update that passes one. Must be >= 1.
+  /// Read the kept losses (on a GPU: their sum, copied without blocking) on the 1st, (K+1)th,
+  /// (2K+1)th... update that passes one. Must be >= 1.
   std::int64_t loss_every = 50;
-  /// Weight of the old average in the loss's exponential moving average, in [0, 1); 0 shows the
-  /// last read as is.
-  double loss_smoothing = 0.9;
+  /// The loss shown is the mean of the losses passed to the last loss_window updates that passed
+  /// one (fewer before there are that many), as of the last read; 1 shows the last loss read. With
+  /// loss_window = loss_every (both 50 by default) each read covers exactly the steps since the
+  /// last one. Must be >= 1; the bar keeps that many loss tensors (one element each).
+  std::int64_t loss_window = 50;
   /// On a terminal: the least seconds between two redraws (0: redraw on every update).
   double refresh_s = 0.1;
   /// Not on a terminal: the least seconds between two plain lines (0: a line on every update);
@@ -127,7 +138,7 @@ struct ProgressOptions {
 /// A progress line on a stream: a bar on a terminal, plain lines elsewhere. See the top of this file.
 ///
 ///   nitro::monitor::ProgressBar bar{{.total = 1000, .unit = "samples"}};
-///   bar.update(64, loss);
+///   bar.update(64, loss);                    // loss: a StepResult, a one-element tensor or a double
 class ProgressBar {
  public:
   explicit ProgressBar(ProgressOptions options) : options_(std::move(options)) {
@@ -136,15 +147,16 @@ class ProgressBar {
                 o.total);
     NITRO_CHECK(o.loss_every >= 1, "ProgressBar: loss_every must be >= 1 (1 reads the loss on every update), got ",
                 o.loss_every);
-    NITRO_CHECK(o.loss_smoothing >= 0 && o.loss_smoothing < 1,
-                "ProgressBar: loss_smoothing must be in [0, 1) (0: no smoothing, 0.9: the usual), got ",
-                o.loss_smoothing);
+    NITRO_CHECK(o.loss_window >= 1,
+                "ProgressBar: loss_window must be >= 1 (the number of last losses averaged; 1 shows the last one), got ",
+                o.loss_window);
     NITRO_CHECK(o.refresh_s >= 0 && std::isfinite(o.refresh_s),
                 "ProgressBar: refresh_s must be a finite number of seconds >= 0, got ", o.refresh_s);
     NITRO_CHECK(o.plain_every_s >= 0 && std::isfinite(o.plain_every_s),
                 "ProgressBar: plain_every_s must be a finite number of seconds >= 0, got ", o.plain_every_s);
     NITRO_CHECK(o.stream != nullptr, "ProgressBar: stream is null; pass stderr, stdout or an open FILE*");
     NITRO_CHECK(o.width >= 0, "ProgressBar: width must be >= 0 (0: the terminal's width), got ", o.width);
+    window_.resize(static_cast<std::size_t>(o.loss_window));
     terminal_ = o.terminal.value_or(::isatty(::fileno(o.stream)) == 1);
     start_ = now_s();
     if (!o.every_rank && !nitro::is_main_process()) {  // another rank draws: count, never draw
@@ -175,13 +187,25 @@ class ProgressBar {
   }
 
   /// As update(n), and keeps the loss: a one-element tensor (any device, dtype, requires_grad or
-  /// not). Its value is read on the 1st, (K+1)th, (2K+1)th... call (K = loss_every) and averaged.
+  /// not; kept detached), one of the last loss_window averaged. The kept losses are read on the 1st,
+  /// (K+1)th, (2K+1)th... call (K = loss_every).
   void update(std::int64_t n, const at::Tensor& loss) {
     check_n(n);
     NITRO_CHECK(loss.defined(), "ProgressBar::update: the loss tensor is undefined; pass the loss of the step");
-    if (loss_calls_++ % options_.loss_every == 0) [[unlikely]] {
-      read_loss(loss);
-    }
+    NITRO_CHECK(loss.numel() == 1, "ProgressBar::update: the loss must have one element, got ", loss.numel(),
+                "; pass loss.mean() or the reduced loss");
+    keep({loss.requires_grad() ? loss.detach() : loss, 0.0});
+    advance(n);
+  }
+
+  /// As update(n, result.loss): the loss of a TrainingLoop step.
+  ///   bar.update(1, loop.step(batch, loss_fn));
+  void update(std::int64_t n, const StepResult& result) { update(n, result.loss); }
+
+  /// As update(n, loss) with a loss already on the host (e.g. loss.item<double>() the program read anyway).
+  void update(std::int64_t n, double loss) {
+    check_n(n);
+    keep({at::Tensor(), loss});
     advance(n);
   }
 
@@ -194,6 +218,10 @@ class ProgressBar {
     if (closed_) return;
     closed_ = true;
     collect_loss(/*wait=*/true);
+    if (unread_) {  // losses kept since the last read: the final line shows the window as it ends
+      read_window();
+      collect_loss(/*wait=*/true);
+    }
     next_draw_ = std::numeric_limits<double>::infinity();
     const double now = now_s();
     if (terminal_) {
@@ -205,8 +233,8 @@ class ProgressBar {
 
   /// Units counted so far.
   [[nodiscard]] std::int64_t count() const noexcept { return count_; }
-  /// The moving average of the losses read; nullopt before the first. For a GPU loss: of those whose
-  /// copies had completed by the last update that kept a loss, draw or close().
+  /// The loss shown: the mean of the last loss_window losses as of the last read; nullopt before the
+  /// first. For GPU losses: of the last read whose copy had completed by the last read, draw or close().
   [[nodiscard]] std::optional<double> loss_average() const noexcept { return loss_average_; }
   /// Whether the bar draws as on a terminal.
   [[nodiscard]] bool is_terminal() const noexcept { return terminal_; }
@@ -230,23 +258,64 @@ class ProgressBar {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
 
-  [[gnu::noinline]] void read_loss(const at::Tensor& loss) {
-    NITRO_CHECK(loss.numel() == 1, "ProgressBar::update: the loss must have one element, got ", loss.numel(),
-                "; pass loss.mean() or the reduced loss");
+  // A loss: a tensor (value unused), or a number (tensor undefined).
+  struct Kept {
+    at::Tensor tensor;
+    double value = 0;
+  };
+
+  // Puts `loss` in the window, over the oldest, and reads the window when a read is due.
+  void keep(Kept loss) {
+    window_[next_] = std::move(loss);
+    if (++next_ == window_.size()) next_ = 0;
+    kept_ = std::min(kept_ + 1, window_.size());
+    unread_ = true;
+    if (loss_calls_++ % options_.loss_every == 0) [[unlikely]] {
+      read_window();
+    }
+  }
+
+  // The mean of the kept losses: at once when all are on the host; for GPU losses, their sum on the
+  // newest one's device, copied to pinned memory without blocking (collect_loss takes it).
+  [[gnu::noinline]] void read_window() {
+    unread_ = false;
+    double host_sum = 0;
+    std::vector<at::Tensor> on_cpu, on_gpu;
+    for (std::size_t i = 0; i < kept_; ++i) {
+      const Kept& k = window_[i];
+      if (!k.tensor.defined()) {
+        host_sum += k.value;
+      } else {
+        (k.tensor.is_cuda() ? on_gpu : on_cpu).push_back(k.tensor.reshape({}));  // a view
+      }
+    }
+    if (!on_cpu.empty()) host_sum += at::stack(on_cpu).sum(at::kDouble).item<double>();  // one sum, not one .item() each
 #if NITRO_WITH_CUDA
-    if (loss.is_cuda()) {
+    if (!on_gpu.empty()) {
       collect_loss(/*wait=*/false);
-      if (copy_pending_) return;  // the last copy is still in flight (rare: loss_every steps ago): skip this one
+      if (copy_pending_) return;  // the last copy is still in flight (rare: loss_every steps ago): skip this read
+      // The newest GPU loss's device (the one before next_ that is on a GPU).
+      c10::Device device = on_gpu.front().device();
+      for (std::size_t back = 1; back <= kept_; ++back) {
+        const Kept& k = window_[(next_ + window_.size() - back) % window_.size()];
+        if (k.tensor.defined() && k.tensor.is_cuda()) {
+          device = k.tensor.device();
+          break;
+        }
+      }
+      for (auto& t : on_gpu) t = t.to(device);  // no copy when already there
       if (!host_loss_.defined())
         host_loss_ = at::empty({1}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
-      const c10::cuda::CUDAGuard on(loss.device());
-      host_loss_.copy_(loss.detach().reshape({1}).to(at::kDouble), /*non_blocking=*/true);
-      copied_.record(c10::cuda::getCurrentCUDAStream(loss.device().index()));
+      const c10::cuda::CUDAGuard on(device);
+      host_loss_.copy_(at::stack(on_gpu).sum(at::kDouble).reshape({1}), /*non_blocking=*/true);
+      copied_.record(c10::cuda::getCurrentCUDAStream(device.index()));
       copy_pending_ = true;
+      pending_host_sum_ = host_sum;
+      pending_count_ = kept_;
       return;
     }
 #endif
-    average(loss.item<double>());
+    loss_average_ = host_sum / static_cast<double>(kept_);
   }
 
   // Takes the value of the kept GPU loss once its copy has completed (or waits for it).
@@ -256,15 +325,10 @@ class ProgressBar {
     if (wait) copied_.synchronize();
     else if (!copied_.query()) return;
     copy_pending_ = false;
-    average(host_loss_.data_ptr<double>()[0]);
+    loss_average_ = (host_loss_.data_ptr<double>()[0] + pending_host_sum_) / static_cast<double>(pending_count_);
 #else
     (void)wait;
 #endif
-  }
-
-  void average(double value) {
-    const double s = options_.loss_smoothing;
-    loss_average_ = loss_average_ ? s * *loss_average_ + (1 - s) * value : value;
   }
 
   [[gnu::noinline]] void draw(double now) {
@@ -361,16 +425,21 @@ class ProgressBar {
   ProgressOptions options_;
   bool terminal_ = false;
   bool closed_ = false;
+  bool unread_ = false;  // losses kept since the last read_window()
   double start_ = 0;
   double next_draw_ = 0;
   std::int64_t count_ = 0;
   std::int64_t loss_calls_ = 0;
+  std::vector<Kept> window_;  // the last loss_window losses: kept_ of them, the next one goes at next_
+  std::size_t next_ = 0, kept_ = 0;
   std::optional<double> loss_average_;
   std::string postfix_;
 #if NITRO_WITH_CUDA
   at::Tensor host_loss_;  // pinned, one double
   at::cuda::CUDAEvent copied_;
   bool copy_pending_ = false;
+  double pending_host_sum_ = 0;  // the losses of the copied read that were on the host
+  std::size_t pending_count_ = 1;
 #endif
 };
 

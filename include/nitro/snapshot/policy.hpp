@@ -43,6 +43,9 @@ inline std::atomic<std::int64_t> late_copies_ns{10'000'000'000};
 // The dispositions before the first Policy's (written before the handler is installed).
 inline struct ::sigaction previous_term {}, previous_int {};
 inline std::atomic<int> live_policies{0};
+// snapshot::Run objects, and snapshot::Policy objects with on_signal, alive: one signal must not be two
+// stops with two snapshots, so each refuses to be made while the other kind is live.
+inline std::atomic<int> live_runs{0}, live_signal_policies{0};
 inline std::atomic<std::int64_t> stopped_at_ns{0};  // CLOCK_MONOTONIC of the last stop on a signal; 0: none
 static_assert(std::atomic<std::int64_t>::is_always_lock_free);
 
@@ -109,6 +112,38 @@ struct SignalHandlers {
 inline std::string_view signal_name(int signo) noexcept {
   return signo == SIGTERM ? "SIGTERM" : signo == SIGINT ? "SIGINT" : "signal";
 }
+
+// Keeps the new snapshot and the newest keep_last - 1 older ones; never touches newer ones.
+inline void rotate(const std::filesystem::path& directory, const std::filesystem::path& written, int keep_last,
+                   bool fsync) {
+  const auto mine = snapshot_name_numbers(written.filename().string());
+  int kept = 1;
+  bool removed = false;
+  for (const auto& f : list(directory)) {
+    const auto numbers = snapshot_name_numbers(f.filename().string());
+    if (!mine || !numbers || *numbers >= *mine) continue;
+    if (kept < keep_last) {
+      ++kept;
+      continue;
+    }
+    std::error_code ec;
+    removed = std::filesystem::remove(f, ec) || removed;
+  }
+  if (removed && fsync) io::sync_directory(directory);
+}
+
+// The directory of a Policy or a Run: created, and a killed writer's temporary files removed.
+inline void prepare_directory(std::string_view who, const std::filesystem::path& directory) {
+  NITRO_CHECK(!directory.empty(), "snapshot::", who, ": directory is empty; give the snapshots' directory, e.g. "
+                                  "{.directory = \"runs/a\", .every_steps = 1000}");
+  std::error_code ec;
+  std::filesystem::create_directories(directory, ec);
+  NITRO_CHECK(std::filesystem::is_directory(directory), "snapshot::", who, ": cannot create the directory ",
+              directory.string(), ": ", ec ? ec.message() : "a file of that name is in the way",
+              "; give a writable directory");
+  // One writer per directory (rank 0 of several processes): a killed run's leftovers.
+  if (nitro::is_main_process()) remove_temporary_files(directory);
+}
 }  // namespace detail
 
 /// A hook policy that writes snapshots of the loop's run into a directory: every N optimizer steps,
@@ -161,6 +196,9 @@ class Policy {
   using family = nitro::family::Hook;
   static constexpr std::string_view name = "snapshot";
   static constexpr bool enabled = true;
+  /// Its after_optimizer_step runs after every other hook's (train/hooks.hpp): a snapshot holds their
+  /// updates of that step (an ema::Model's average), whatever the order of the loop's types.
+  static constexpr bool sees_others_first = true;
   struct Options {
     /// Where the snapshots go (created if missing).
     std::filesystem::path directory;
@@ -179,30 +217,29 @@ class Policy {
   };
 
   explicit Policy(const Options& options) : o_(options) {
-    NITRO_CHECK(!o_.directory.empty(), "snapshot::Policy: directory is empty; give the snapshots' directory, e.g. "
-                                       "{.directory = \"runs/a\", .every_steps = 1000}");
     NITRO_CHECK(o_.every_steps >= 0, "snapshot::Policy: every_steps must be >= 0 (0: off), got ", o_.every_steps);
     NITRO_CHECK(std::isfinite(o_.every_minutes) && o_.every_minutes >= 0,
                 "snapshot::Policy: every_minutes must be >= 0 (0: off), got ", o_.every_minutes);
     NITRO_CHECK(o_.keep_last >= 1, "snapshot::Policy: keep_last must be >= 1, got ", o_.keep_last);
     NITRO_CHECK(o_.every_steps > 0 || o_.every_minutes > 0 || o_.on_signal,
                 "snapshot::Policy: nothing would ever be saved; set every_steps, every_minutes or on_signal");
-    std::error_code ec;
-    std::filesystem::create_directories(o_.directory, ec);
-    NITRO_CHECK(std::filesystem::is_directory(o_.directory), "snapshot::Policy: cannot create the directory ",
-                o_.directory.string(), ": ", ec ? ec.message() : "a file of that name is in the way",
-                "; give a writable directory");
-    // One writer per directory (rank 0 of several processes): a killed run's leftovers.
-    if (nitro::is_main_process()) remove_temporary_files(o_.directory);
+    NITRO_CHECK(!o_.on_signal || detail::live_runs.load(std::memory_order_acquire) == 0,
+                "snapshot::Policy: a snapshot::Run is live in this process and acts on SIGTERM/SIGINT for the whole "
+                "run; give this Policy on_signal = false (it may still save every N steps or T minutes)");
+    detail::prepare_directory("Policy", o_.directory);
     if (o_.on_signal) {
       seen_ = detail::signals_caught.load(std::memory_order_acquire);
       detail::SignalHandlers::get().acquire();
+      detail::live_signal_policies.fetch_add(1, std::memory_order_acq_rel);
     }
   }
   Policy(const Policy&) = delete;
   Policy& operator=(const Policy&) = delete;
   ~Policy() {
-    if (o_.on_signal) detail::SignalHandlers::get().release();
+    if (o_.on_signal) {
+      detail::live_signal_policies.fetch_sub(1, std::memory_order_acq_rel);
+      detail::SignalHandlers::get().release();
+    }
   }
 
   template <class Loop>
@@ -277,23 +314,7 @@ class Policy {
   [[nodiscard]] const Options& options() const noexcept { return o_; }
 
  private:
-  // Keeps the new snapshot and the newest keep_last - 1 older ones; never touches newer ones.
-  void rotate(const std::filesystem::path& written) {
-    const auto mine = detail::snapshot_name_numbers(written.filename().string());
-    int kept = 1;
-    bool removed = false;
-    for (const auto& f : list(o_.directory)) {
-      const auto numbers = detail::snapshot_name_numbers(f.filename().string());
-      if (!mine || !numbers || *numbers >= *mine) continue;
-      if (kept < o_.keep_last) {
-        ++kept;
-        continue;
-      }
-      std::error_code ec;
-      removed = std::filesystem::remove(f, ec) || removed;
-    }
-    if (removed && o_.fsync) io::sync_directory(o_.directory);
-  }
+  void rotate(const std::filesystem::path& written) { detail::rotate(o_.directory, written, o_.keep_last, o_.fsync); }
 
   Options o_;
   std::optional<std::filesystem::path> last_;
@@ -302,6 +323,163 @@ class Policy {
   std::int64_t written_ = 0;
   std::uint64_t seen_ = 0;
   std::unique_ptr<Agreement> agreement_;  // the ranks' vote on stopping (several processes only)
+  std::chrono::steady_clock::time_point last_time_ = std::chrono::steady_clock::now();
+};
+
+// ---- snapshot::Run ---------------------------------------------------------------------------------
+
+/// Snapshots of a run that trains several loops (a GAN's generator and discriminator, a teacher and
+/// a student, actor and critic): one file for all of them (snapshot::Named), taken where the caller
+/// says, at the end of an iteration of its outer loop, after everything the iteration does (its
+/// samples drawn, its logs), so that a resumed run continues exactly; signals are seen once for the
+/// whole run, whichever loop's step they arrived in.
+///
+///   nitro::snapshot::Run run{{.directory = "runs/gan", .every = 500, .sampler = &sampler, .extras = &extras},
+///                            {{"generator", g_loop}, {"discriminator", d_loop}}};
+///   run.resume();                         // the newest good snapshot, if any: iteration() continues from it
+///   while (...) {
+///     d_loop.step(real, d_loss);  g_loop.step(fake, g_loss);  ...
+///     if (run.end_iteration().stop) return 0;   // saves every 500 iterations, and on SIGTERM / SIGINT
+///   }
+///
+/// end_iteration() counts the iteration (the count is the snapshot's step and names its file), writes
+/// a snapshot every `every` iterations or `every_minutes`, and on SIGTERM or SIGINT writes one and
+/// returns stop. Signals are handled as snapshot::Policy handles them (its comment: copies of one
+/// signal are one stop, a third signal ends the process); a Run and a snapshot::Policy with on_signal
+/// are never live together (the second one made throws nitro::Error). With several processes (dist::ProcessGroup) the ranks vote at
+/// each end_iteration() on a vote begun at the previous one (one small collective per iteration,
+/// never waited for in the iteration it was begun), so all stop after the same iteration, and rank 0
+/// writes.
+class Run {
+ public:
+  struct Options {
+    /// Where the snapshots go (created if missing).
+    std::filesystem::path directory;
+    /// Save after every N iterations (0: not by count).
+    std::int64_t every = 0;
+    /// Save when T minutes have passed since the last snapshot (0: not by time).
+    double every_minutes = 0;
+    /// Snapshots kept, >= 1.
+    int keep_last = 3;
+    /// Save and return stop on SIGTERM and SIGINT.
+    bool on_signal = true;
+    /// Saved with the run (see snapshot::Contents).
+    data::ResumableSampler* sampler = nullptr;
+    StateDict* extras = nullptr;
+    bool fsync = true;
+  };
+  /// What end_iteration() says.
+  struct IterationEnd {
+    /// A signal came (here or on another rank): the snapshot is written; return from the program.
+    bool stop = false;
+    std::string_view stop_reason{};
+    /// The snapshot written at this iteration's end, if one was.
+    std::optional<std::filesystem::path> saved;
+  };
+
+  Run(const Options& options, std::vector<Named> loops) : o_(options), loops_(std::move(loops)) {
+    NITRO_CHECK(o_.every >= 0, "snapshot::Run: every must be >= 0 (0: off), got ", o_.every);
+    NITRO_CHECK(std::isfinite(o_.every_minutes) && o_.every_minutes >= 0,
+                "snapshot::Run: every_minutes must be >= 0 (0: off), got ", o_.every_minutes);
+    NITRO_CHECK(o_.keep_last >= 1, "snapshot::Run: keep_last must be >= 1, got ", o_.keep_last);
+    NITRO_CHECK(o_.every > 0 || o_.every_minutes > 0 || o_.on_signal,
+                "snapshot::Run: nothing would ever be saved; set every, every_minutes or on_signal");
+    (void)detail::NamedUnits("Run", o_.directory, loops_);  // names and objects checked once, here
+    NITRO_CHECK(!o_.on_signal || detail::live_signal_policies.load(std::memory_order_acquire) == 0,
+                "snapshot::Run: a snapshot::Policy with on_signal is live in this process; one signal would stop the "
+                "run twice with two snapshots. Give the loops' Policy on_signal = false (or drop it: the Run saves "
+                "every loop), or give the Run on_signal = false");
+    detail::prepare_directory("Run", o_.directory);
+    if (o_.on_signal) {
+      seen_ = detail::signals_caught.load(std::memory_order_acquire);
+      detail::SignalHandlers::get().acquire();
+      detail::live_runs.fetch_add(1, std::memory_order_acq_rel);
+    }
+  }
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+  ~Run() {
+    if (o_.on_signal) {
+      detail::live_runs.fetch_sub(1, std::memory_order_acq_rel);
+      detail::SignalHandlers::get().release();
+    }
+  }
+
+  /// Loads the newest snapshot of the directory that checks (snapshot::latest), if any: every loop,
+  /// the sampler, the extras, the generators, and the iteration count. Returns its file; nothing (and
+  /// nothing changed) when the directory has none.
+  std::optional<std::filesystem::path> resume() {
+    auto file = latest(o_.directory);
+    if (!file) return std::nullopt;
+    const Manifest m = load(*file, loops_, {.sampler = o_.sampler, .extras = o_.extras});
+    iteration_ = m.step;
+    saved_at_ = m.step;
+    last_ = file;
+    last_time_ = std::chrono::steady_clock::now();
+    return file;
+  }
+
+  /// The end of one iteration of the outer loop (see the class's comment).
+  [[nodiscard]] IterationEnd end_iteration() {
+    ++iteration_;
+    IterationEnd end;
+    const bool by_count = o_.every > 0 && iteration_ % o_.every == 0;
+    const bool by_time = o_.every_minutes > 0 && std::chrono::steady_clock::now() - last_time_ >=
+                                                     std::chrono::duration<double, std::ratio<60>>(o_.every_minutes);
+    if (by_count || by_time) end.saved = save_now();
+    if (!o_.on_signal) return end;
+    const std::uint64_t caught = detail::signals_caught.load(std::memory_order_acquire);
+    if (!agreement_ && process_count() > 1) agreement_ = make_agreement();
+    bool stop = false;
+    if (agreement_) {
+      stop = agreement_->pending() && agreement_->end();
+      if (!stop) agreement_->begin(caught != seen_);
+    } else {
+      stop = caught != seen_;
+    }
+    if (stop) {
+      const int signo = detail::last_signal.load(std::memory_order_relaxed);
+      end.saved = save_now();  // throws on failure: the signal stays unseen, and the next iteration tries again
+      end.stop = true;
+      end.stop_reason = caught != seen_ ? detail::signal_name(signo) : std::string_view("signal on another rank");
+      seen_ = caught;
+      detail::SignalHandlers::get().stopped(caught);
+    }
+    return end;
+  }
+
+  /// Writes a snapshot of the run now (rank 0; other ranks name the file), rotates, returns its path.
+  std::filesystem::path save_now() {
+    std::filesystem::path file = o_.directory / file_name(iteration_, 0);
+    if (saved_at_ != iteration_ && nitro::is_main_process()) {
+      save(file, loops_, {.sampler = o_.sampler, .extras = o_.extras}, {.fsync = o_.fsync, .step = iteration_});
+      ++written_;
+      saved_at_ = iteration_;
+      detail::rotate(o_.directory, file, o_.keep_last, o_.fsync);
+    }
+    last_ = file;
+    last_time_ = std::chrono::steady_clock::now();
+    return file;
+  }
+
+  /// Iterations ended so far (those of the run resumed from included).
+  [[nodiscard]] std::int64_t iteration() const noexcept { return iteration_; }
+  /// The last snapshot written or resumed from, if any.
+  [[nodiscard]] const std::optional<std::filesystem::path>& last_snapshot() const noexcept { return last_; }
+  /// Snapshots this object wrote.
+  [[nodiscard]] std::int64_t snapshots_written() const noexcept { return written_; }
+  [[nodiscard]] const Options& options() const noexcept { return o_; }
+  [[nodiscard]] const std::vector<Named>& loops() const noexcept { return loops_; }
+
+ private:
+  Options o_;
+  std::vector<Named> loops_;
+  std::int64_t iteration_ = 0;
+  std::int64_t saved_at_ = -1;
+  std::int64_t written_ = 0;
+  std::optional<std::filesystem::path> last_;
+  std::uint64_t seen_ = 0;
+  std::unique_ptr<Agreement> agreement_;
   std::chrono::steady_clock::time_point last_time_ = std::chrono::steady_clock::now();
 };
 

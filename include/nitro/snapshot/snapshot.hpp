@@ -94,6 +94,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <set>
 #include <sstream>
 #include <string>
@@ -104,7 +105,7 @@
 #include <vector>
 
 #if NITRO_WITH_CUDA
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #endif
 
@@ -158,6 +159,9 @@ struct SaveOptions {
   /// The layout to write: 2, or 1 for a Nitro that reads only version 1 (its parts are checked with
   /// XXH64, which makes loading slower).
   std::uint32_t format_version = snapshot::format_version;
+  /// The step the manifest records (and snapshot::file_name is given by snapshot::Run): by default
+  /// the loop's optimizer steps (the first loop's, of several), 0 without a loop.
+  std::optional<std::int64_t> step;
 };
 
 namespace detail {
@@ -796,12 +800,13 @@ struct ModelLoad {
 };
 
 inline ModelLoad prepare_model(const std::filesystem::path& file, torch::nn::Module& model, StateDict&& saved,
-                               std::optional<StateDict>&& grads) {
+                               std::optional<StateDict>&& grads, std::string_view prefix = {}) {
+  const std::string model_name = ::nitro::detail::concat(prefix, "model"), grads_name = ::nitro::detail::concat(prefix, "grads");
   std::vector<std::pair<std::string, at::Tensor>> live;
   for (const auto& p : model.named_parameters(true)) live.emplace_back("param/" + p.key(), p.value());
   for (const auto& b : model.named_buffers(true))
     if (b.value().defined()) live.emplace_back("buffer/" + b.key(), b.value());
-  check_same_tensors(file, "model", saved.tensors, live, "parameter or buffer");
+  check_same_tensors(file, model_name, saved.tensors, live, "parameter or buffer");
   ModelLoad out;
   for (auto& [name, t] : live) out.copies.emplace_back(t, std::move(saved.tensors.find(name)->second));
   if (grads) {
@@ -811,10 +816,10 @@ inline ModelLoad prepare_model(const std::filesystem::path& file, torch::nn::Mod
       const std::string& name = entry.first;
       const at::Tensor& g = entry.second;
       const auto it = std::find_if(params.begin(), params.end(), [&](const auto& p) { return p.first == name; });
-      NITRO_CHECK(it != params.end(), "nitro::snapshot: ", file.string(), ": part \"grads\" has a gradient for \"",
+      NITRO_CHECK(it != params.end(), "nitro::snapshot: ", file.string(), ": part \"", grads_name, "\" has a gradient for \"",
                   name, "\", which this model does not have; load a snapshot of the same model");
       NITRO_CHECK(g.sizes() == it->second.sizes() && g.scalar_type() == it->second.scalar_type(),
-                  "nitro::snapshot: ", file.string(), ": part \"grads\": the gradient of \"", name, "\" is ",
+                  "nitro::snapshot: ", file.string(), ": part \"", grads_name, "\": the gradient of \"", name, "\" is ",
                   describe(g), ", the parameter is ", describe(it->second));
     }
     for (auto& [name, p] : params) {
@@ -954,10 +959,12 @@ struct OptimizerLoad {
 };
 
 inline OptimizerLoad prepare_optimizer(const std::filesystem::path& file, torch::optim::Optimizer& optimizer,
-                                       const StateDict& saved, torch::nn::Module* model = nullptr) {
+                                       const StateDict& saved, torch::nn::Module* model = nullptr,
+                                       std::string_view part_prefix = {}) {
   OptimizerLoad out;
+  const std::string owner = ::nitro::detail::concat("nitro::snapshot: part \"", part_prefix, "optimizer\"");
   const auto bad = [&](auto&&... what) {
-    ::nitro::detail::fail("nitro::snapshot: ", file.string(), ": part \"optimizer\": ", what...,
+    ::nitro::detail::fail("nitro::snapshot: ", file.string(), ": part \"", part_prefix, "optimizer\": ", what...,
                           "; load a snapshot of the same optimizer over the same parameters");
   };
   // The optimizer's own type: Adam's state in an AdamW (the same options) would pass every other check.
@@ -972,13 +979,13 @@ inline OptimizerLoad prepare_optimizer(const std::filesystem::path& file, torch:
     return out;
   }
   auto& groups = optimizer.param_groups();
-  const auto n = saved.integer("groups", "nitro::snapshot: part \"optimizer\"");
+  const auto n = saved.integer("groups", owner);
   if (n != static_cast<std::int64_t>(groups.size()))
     bad("the snapshot has ", n, " parameter groups, this optimizer ", groups.size());
   std::int64_t k = 0;
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const std::string prefix = "group/" + std::to_string(g) + "/";
-    const auto count = saved.integer(prefix + "params", "nitro::snapshot: part \"optimizer\"");
+    const auto count = saved.integer(prefix + "params", owner);
     if (count != static_cast<std::int64_t>(groups[g].params().size()))
       bad("group ", g, " has ", count, " parameters in the snapshot and ", groups[g].params().size(), " here");
     const auto opt = saved.strings.find(prefix + "options");
@@ -1012,7 +1019,7 @@ inline OptimizerLoad prepare_optimizer(const std::filesystem::path& file, torch:
       std::unique_ptr<torch::optim::OptimizerParamState> state;
       const bool known = memory::detail::with_state_type_named(type->second, [&]<class S>() {
         auto s = std::make_unique<S>();
-        if constexpr (memory::detail::state_has_step<S>) s->step(saved.integer(key + "step", "nitro::snapshot: part \"optimizer\""));
+        if constexpr (memory::detail::state_has_step<S>) s->step(saved.integer(key + "step", owner));
         int i = 0;
         memory::detail::for_each_state_tensor(*s, [&](const at::Tensor&, auto set) {
           const auto t = saved.tensors.find(key + std::to_string(i++));
@@ -1075,8 +1082,8 @@ inline StateDict rng_part() {
     d.tensors["cpu"] = cpu.get_state();
   }
 #if NITRO_WITH_CUDA
-  if (at::cuda::is_available())
-    for (c10::DeviceIndex i = 0; i < static_cast<c10::DeviceIndex>(at::cuda::device_count()); ++i) {
+  if (c10::cuda::device_count() > 0)
+    for (c10::DeviceIndex i = 0; i < static_cast<c10::DeviceIndex>(c10::cuda::device_count()); ++i) {
       auto gen = at::cuda::detail::getDefaultCUDAGenerator(i);
       std::lock_guard<std::mutex> lock(gen.mutex());
       d.tensors["cuda/" + std::to_string(i)] = gen.get_state();
@@ -1102,8 +1109,8 @@ inline void apply_rng(const StateDict& saved) {
     cpu.set_state(saved.tensors.at("cpu"));
   }
 #if NITRO_WITH_CUDA
-  if (at::cuda::is_available())
-    for (c10::DeviceIndex i = 0; i < static_cast<c10::DeviceIndex>(at::cuda::device_count()); ++i)
+  if (c10::cuda::device_count() > 0)
+    for (c10::DeviceIndex i = 0; i < static_cast<c10::DeviceIndex>(c10::cuda::device_count()); ++i)
       if (const auto it = saved.tensors.find("cuda/" + std::to_string(i)); it != saved.tensors.end())
       {
         auto gen = at::cuda::detail::getDefaultCUDAGenerator(i);
@@ -1186,12 +1193,24 @@ State loop_state(const StateDict& d) {
   return s;
 }
 
-inline void save(const std::filesystem::path& file, const Contents& c, const LoopAccess* loop,
+// One model, optimizer and loop of a snapshot, its parts named "<prefix>model", "<prefix>grads",
+// "<prefix>optimizer", "<prefix>loop" and "<prefix>hook/<name>" (prefix "" for a run of one loop,
+// "<name>/" for each loop of a run of several).
+struct Unit {
+  std::string prefix;
+  torch::nn::Module* model = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;
+  const LoopAccess* loop = nullptr;
+};
+
+inline void save(const std::filesystem::path& file, std::span<const Unit> units, const Contents& c,
                  const SaveOptions& options) {
   const std::uint32_t version = options.format_version;
   NITRO_CHECK(version >= oldest_format_version && version <= format_version, "nitro::snapshot::save: ",
               file.string(), ": SaveOptions::format_version is ", version, "; this Nitro writes format versions ",
               oldest_format_version, " and ", format_version);
+  NITRO_CHECK(!options.step || *options.step >= 0, "nitro::snapshot::save: ", file.string(),
+              ": SaveOptions::step must be >= 0, got ", options.step.value_or(0));
   if (file.has_parent_path()) {
     std::error_code ec;
     std::filesystem::create_directories(file.parent_path(), ec);
@@ -1208,18 +1227,28 @@ inline void save(const std::filesystem::path& file, const Contents& c, const Loo
     w.put_dict(d, name);
     m.parts.push_back(w.end());
   };
-  if (c.model != nullptr) {
-    part("model", model_part(*c.model));
-    part("grads", grads_part(*c.model));
+  bool first_loop = true;
+  for (const Unit& u : units) {
+    if (u.model != nullptr) {
+      part(u.prefix + "model", model_part(*u.model));
+      part(u.prefix + "grads", grads_part(*u.model));
+    }
+    if (u.optimizer != nullptr) part(u.prefix + "optimizer", optimizer_part(*u.optimizer, u.model));
+    if (u.loop != nullptr) {
+      auto [dict, hooks] = u.loop->save();
+      dict.strings["policies"] = u.loop->policies;
+      part(u.prefix + "loop", dict);
+      for (const auto& [name, d] : hooks) part(u.prefix + "hook/" + name, d);
+      if (first_loop) {
+        m.step = u.loop->step;
+        m.micro_step = u.loop->micro_step;
+      }
+      first_loop = false;
+    }
   }
-  if (c.optimizer != nullptr) part("optimizer", optimizer_part(*c.optimizer, c.model));
-  if (loop != nullptr) {
-    auto [dict, hooks] = loop->save();
-    dict.strings["policies"] = loop->policies;
-    part("loop", dict);
-    for (const auto& [name, d] : hooks) part("hook/" + name, d);
-    m.step = loop->step;
-    m.micro_step = loop->micro_step;
+  if (options.step) {
+    m.step = *options.step;
+    m.micro_step = 0;
   }
   if (c.rng) part("rng", rng_part());
   if (c.sampler != nullptr) part("data", sampler_part(c.sampler->state()));
@@ -1240,16 +1269,49 @@ inline void save(const std::filesystem::path& file, const Contents& c, const Loo
                           io::os_error(errno), "): it may not survive a machine crash; check the disk");
 }
 
-/// Reads and checks every part first, then changes the objects: the loop (its own check may refuse
-/// its state), then the model, the gradients, the optimizer, the sampler, the generators, the extras.
-inline Manifest load(const std::filesystem::path& file, const Contents& c, const LoopAccess* loop) {
-  Reader reader(file);
+inline void save(const std::filesystem::path& file, const Contents& c, const LoopAccess* loop,
+                 const SaveOptions& options) {
+  const Unit unit{"", c.model, c.optimizer, loop};
+  save(file, std::span<const Unit>(&unit, 1), c, options);
+}
+
+// What load reads and checks of one unit before anything changes.
+struct UnitLoad {
   std::optional<ModelLoad> model;
-  if (c.model != nullptr)
-    model = prepare_model(file, *c.model, reader.read("model"),
-                          reader.has("grads") ? std::optional<StateDict>(reader.read("grads")) : std::nullopt);
   std::optional<OptimizerLoad> optimizer;
-  if (c.optimizer != nullptr) optimizer = prepare_optimizer(file, *c.optimizer, reader.read("optimizer"), c.model);
+  std::optional<StateDict> loop_dict;
+  LoopAccess::Hooks hooks;
+  std::optional<std::pair<StateDict, LoopAccess::Hooks>> loop_before;
+};
+
+/// Reads and checks every part first, then changes the objects: the loops (their own checks may
+/// refuse their states), then the models, the gradients, the optimizers, the sampler, the
+/// generators, the extras.
+inline Manifest load(const std::filesystem::path& file, std::span<const Unit> units, const Contents& c) {
+  Reader reader(file);
+  std::vector<UnitLoad> loads(units.size());
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    const Unit& u = units[i];
+    UnitLoad& l = loads[i];
+    if (u.model != nullptr) {
+      const std::string grads = u.prefix + "grads";
+      l.model = prepare_model(file, *u.model, reader.read(u.prefix + "model"),
+                              reader.has(grads) ? std::optional<StateDict>(reader.read(grads)) : std::nullopt, u.prefix);
+    }
+    if (u.optimizer != nullptr)
+      l.optimizer = prepare_optimizer(file, *u.optimizer, reader.read(u.prefix + "optimizer"), u.model, u.prefix);
+    if (u.loop != nullptr) {
+      l.loop_dict = reader.read(u.prefix + "loop");
+      const auto policies = l.loop_dict->strings.find("policies");
+      NITRO_CHECK(policies != l.loop_dict->strings.end() && policies->second == u.loop->policies, "nitro::snapshot: ",
+                  file.string(), ": part \"", u.prefix, "loop\": the snapshot's loop has the policies \"",
+                  policies != l.loop_dict->strings.end() ? policies->second : std::string("?"), "\", this loop \"",
+                  u.loop->policies, "\"; load it into a loop of the same AMP, accumulation and clip policies");
+      const std::string hook_prefix = u.prefix + "hook/";
+      for (const auto& p : reader.manifest().parts)
+        if (p.name.starts_with(hook_prefix)) l.hooks.emplace(p.name.substr(hook_prefix.size()), reader.read(p.name));
+    }
+  }
   std::optional<StateDict> rng;
   if (c.rng) {
     rng = reader.read("rng");
@@ -1259,18 +1321,6 @@ inline Manifest load(const std::filesystem::path& file, const Contents& c, const
   if (c.sampler != nullptr) sampler = sampler_state(reader.read("data"));
   std::optional<StateDict> extras;
   if (c.extras != nullptr) extras = reader.read("extras");
-  std::optional<StateDict> loop_dict;
-  LoopAccess::Hooks hooks;
-  if (loop != nullptr) {
-    loop_dict = reader.read("loop");
-    const auto policies = loop_dict->strings.find("policies");
-    NITRO_CHECK(policies != loop_dict->strings.end() && policies->second == loop->policies, "nitro::snapshot: ",
-                file.string(), ": part \"loop\": the snapshot's loop has the policies \"",
-                policies != loop_dict->strings.end() ? policies->second : std::string("?"), "\", this loop \"",
-                loop->policies, "\"; load it into a loop of the same AMP, accumulation and clip policies");
-    for (const auto& p : reader.manifest().parts)
-      if (p.name.starts_with("hook/")) hooks.emplace(p.name.substr(5), reader.read(p.name));
-  }
   reader.verify_unread();  // every part's checksum, those not loaded too, before anything changes
   // The sampler checks its state against itself without changing it; then a copy is loaded below.
   if (sampler) {
@@ -1280,35 +1330,56 @@ inline Manifest load(const std::filesystem::path& file, const Contents& c, const
       ::nitro::detail::fail("nitro::snapshot: ", file.string(), ": part \"data\": ", e.what());
     }
   }
-  // Everything is read and checked; the loop's load_state checks its own state and hooks last.
-  std::optional<std::pair<StateDict, LoopAccess::Hooks>> loop_before;
-  if (loop != nullptr) {
-    loop_before = loop->save();
+  // Everything is read and checked; each loop's load_state checks its own state and hooks last. A
+  // loop that refuses its state has the loops loaded before it put back.
+  const auto undo_loops = [&](std::size_t upto) {
+    for (std::size_t j = upto; j-- > 0;)
+      if (loads[j].loop_before) units[j].loop->load(loads[j].loop_before->first, loads[j].loop_before->second);
+  };
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    if (units[i].loop == nullptr) continue;
+    loads[i].loop_before = units[i].loop->save();
     try {
-      loop->load(*loop_dict, hooks);
-    } catch (const Error& e) {
-      ::nitro::detail::fail("nitro::snapshot: ", file.string(), ": part \"loop\": ", e.what());
+      units[i].loop->load(*loads[i].loop_dict, loads[i].hooks);
+    } catch (const std::exception& e) {  // a hook's load_state_dict may throw anything
+      loads[i].loop_before.reset();
+      undo_loops(i);
+      ::nitro::detail::fail("nitro::snapshot: ", file.string(), ": part \"", units[i].prefix, "loop\": ", e.what());
+    } catch (...) {
+      loads[i].loop_before.reset();
+      undo_loops(i);
+      throw;
     }
   }
-  // An optimizer in LibTorch's own form is checked only by loading it: if that fails, it and the
-  // loop are put back, and nothing else has changed yet.
-  if (optimizer && optimizer->torch_archive) {
-    memory::StateBackup backup(nullptr, c.optimizer);
+  // An optimizer in LibTorch's own form is checked only by loading it: if that fails, it, the
+  // optimizers loaded before it and the loops are put back, and nothing else has changed yet.
+  std::vector<std::unique_ptr<memory::StateBackup>> backups;
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    if (!loads[i].optimizer || !loads[i].optimizer->torch_archive) continue;
+    backups.push_back(std::make_unique<memory::StateBackup>(nullptr, units[i].optimizer));
     try {
-      apply_optimizer(*c.optimizer, *optimizer);
+      apply_optimizer(*units[i].optimizer, *loads[i].optimizer);
     } catch (const std::exception& e) {
-      backup.restore();
-      if (loop_before) loop->load(loop_before->first, loop_before->second);
-      ::nitro::detail::fail("nitro::snapshot: ", file.string(), ": part \"optimizer\" does not load into this "
-                            "optimizer (", e.what(), "); load a snapshot of the same optimizer");
+      for (auto it = backups.rbegin(); it != backups.rend(); ++it) (*it)->restore();
+      undo_loops(units.size());
+      ::nitro::detail::fail("nitro::snapshot: ", file.string(), ": part \"", units[i].prefix,
+                            "optimizer\" does not load into this optimizer (", e.what(),
+                            "); load a snapshot of the same optimizer");
     }
   }
-  if (model) apply_model(*model);
-  if (optimizer && !optimizer->torch_archive) apply_optimizer(*c.optimizer, *optimizer);
+  for (auto& l : loads)
+    if (l.model) apply_model(*l.model);
+  for (std::size_t i = 0; i < units.size(); ++i)
+    if (loads[i].optimizer && !loads[i].optimizer->torch_archive) apply_optimizer(*units[i].optimizer, *loads[i].optimizer);
   if (sampler) c.sampler->load_state(*sampler);
   if (rng) apply_rng(*rng);
   if (extras) *c.extras = std::move(*extras);
   return reader.manifest();
+}
+
+inline Manifest load(const std::filesystem::path& file, const Contents& c, const LoopAccess* loop) {
+  const Unit unit{"", c.model, c.optimizer, loop};
+  return load(file, std::span<const Unit>(&unit, 1), c);
 }
 
 }  // namespace detail
@@ -1379,6 +1450,107 @@ Manifest load(const std::filesystem::path& file, Loop& loop, Contents contents =
   if (contents.optimizer == nullptr) contents.optimizer = &loop.optimizer();
   const detail::LoopAccess access = detail::loop_access(loop);
   return detail::load(file, contents, &access);
+}
+
+// ---- several loops in one snapshot ---------------------------------------------------------------
+
+/// A loop of a run that trains several models (a GAN's generator and discriminator, a teacher and a
+/// student): snapshot::save and load of a list of them keep every loop in one file, one step number,
+/// its parts under its name ("generator/model", "generator/optimizer", "generator/loop",
+/// "generator/hook/<name>", ...), and the run's generators, sampler and extras once.
+///
+///   nitro::snapshot::save(dir / nitro::snapshot::file_name(iteration, 0),
+///                         {{"generator", g_loop}, {"discriminator", d_loop}},
+///                         {.sampler = &sampler, .extras = &extras}, {.step = iteration});
+///   nitro::snapshot::load(file, {{"generator", g_loop}, {"discriminator", d_loop}}, {.sampler = &sampler});
+///
+/// snapshot::Run (snapshot/policy.hpp) does this every N iterations, every T minutes and on SIGTERM,
+/// at the point of the outer loop the caller chooses. The name: 1 to 64 of [A-Za-z0-9_.-].
+class Named {
+ public:
+  template <class Loop>
+    requires requires(Loop& l) {
+      l.state();
+      l.model();
+      l.optimizer();
+    }
+  Named(std::string name, Loop& loop)
+      : name_(std::move(name)), model_(&loop.model()), optimizer_(&loop.optimizer()),
+        access_([&loop] { return detail::loop_access(loop); }) {
+    NITRO_CHECK(!name_.empty() && name_.size() <= 64 &&
+                    std::all_of(name_.begin(), name_.end(),
+                                [](char ch) {
+                                  return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                                         ch == '_' || ch == '.' || ch == '-';
+                                }),
+                "nitro::snapshot::Named: the loop's name \"", name_, "\" must be 1 to 64 of [A-Za-z0-9_.-] "
+                "(it prefixes the loop's parts in the file), e.g. \"generator\"");
+  }
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  [[nodiscard]] torch::nn::Module& model() const noexcept { return *model_; }
+  [[nodiscard]] torch::optim::Optimizer& optimizer() const noexcept { return *optimizer_; }
+  /// The loop as save and load see it, now.
+  [[nodiscard]] detail::LoopAccess access() const { return access_(); }
+
+ private:
+  std::string name_;
+  torch::nn::Module* model_;
+  torch::optim::Optimizer* optimizer_;
+  std::function<detail::LoopAccess()> access_;
+};
+
+namespace detail {
+// Units of named loops: distinct names, distinct models and optimizers (one object saved twice
+// would be loaded twice, the second time over the first).
+struct NamedUnits {
+  std::vector<LoopAccess> access;
+  std::vector<Unit> units;
+  NamedUnits(std::string_view what, const std::filesystem::path& file, std::span<const Named> loops) {
+    NITRO_CHECK(!loops.empty(), "nitro::snapshot::", what, ": ", file.string(), ": no loops given; give "
+                "{{\"generator\", g_loop}, {\"discriminator\", d_loop}}, or save(file, loop) for one");
+    access.reserve(loops.size());
+    for (std::size_t i = 0; i < loops.size(); ++i) {
+      for (std::size_t j = 0; j < i; ++j) {
+        NITRO_CHECK(loops[i].name() != loops[j].name(), "nitro::snapshot::", what, ": ", file.string(),
+                    ": two loops are named \"", loops[i].name(), "\"; give each its own name");
+        NITRO_CHECK(&loops[i].model() != &loops[j].model() && &loops[i].optimizer() != &loops[j].optimizer(),
+                    "nitro::snapshot::", what, ": ", file.string(), ": the loops \"", loops[j].name(), "\" and \"",
+                    loops[i].name(), "\" share a model or an optimizer; each loop of a snapshot trains its own");
+      }
+      access.push_back(loops[i].access());
+    }
+    for (std::size_t i = 0; i < loops.size(); ++i)
+      units.push_back(Unit{loops[i].name() + "/", &loops[i].model(), &loops[i].optimizer(), &access[i]});
+  }
+};
+}  // namespace detail
+
+/// Saves several loops (see Named) and what `contents` adds (sampler, extras; .model and .optimizer
+/// must be null) into one file, atomically. The manifest's step is options.step, else the first
+/// loop's optimizer steps.
+inline void save(const std::filesystem::path& file, std::span<const Named> loops, const Contents& contents = {},
+                 const SaveOptions& options = {}) {
+  NITRO_CHECK(contents.model == nullptr && contents.optimizer == nullptr, "nitro::snapshot::save: ", file.string(),
+              ": with several loops, Contents::model and ::optimizer must be null (each loop brings its own)");
+  const detail::NamedUnits u("save", file, loops);
+  detail::save(file, u.units, contents, options);
+}
+inline void save(const std::filesystem::path& file, std::initializer_list<Named> loops, const Contents& contents = {},
+                 const SaveOptions& options = {}) {
+  save(file, std::span<const Named>(loops.begin(), loops.size()), contents, options);
+}
+
+/// Loads several loops saved by save above, after checking all of it (every loop's model, optimizer,
+/// policies and hooks, under its name); a snapshot of other loops changes nothing and throws
+/// nitro::Error naming the part. Returns the manifest (its step: the one saved).
+inline Manifest load(const std::filesystem::path& file, std::span<const Named> loops, const Contents& contents = {}) {
+  NITRO_CHECK(contents.model == nullptr && contents.optimizer == nullptr, "nitro::snapshot::load: ", file.string(),
+              ": with several loops, Contents::model and ::optimizer must be null (each loop brings its own)");
+  const detail::NamedUnits u("load", file, loops);
+  return detail::load(file, u.units, contents);
+}
+inline Manifest load(const std::filesystem::path& file, std::initializer_list<Named> loops, const Contents& contents = {}) {
+  return load(file, std::span<const Named>(loops.begin(), loops.size()), contents);
 }
 
 }  // namespace nitro::snapshot

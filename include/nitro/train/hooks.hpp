@@ -50,7 +50,9 @@
 //
 // Hooks run in this order at each point: the monitor policy's recorder, the hook policies in the
 // order the loop's type lists them, then the clip policy (clip and monitor are hooks too, adapted
-// below). A hook that throws makes the step throw: before the optimizer step the window is dropped,
+// below). At after_optimizer_step, a hook that says `static constexpr bool sees_others_first = true`
+// runs after every hook that does not: snapshot::Policy, so that what it saves there holds every
+// other hook's update of that step (an ema::Model's average), whatever the order of the types. A hook that throws makes the step throw: before the optimizer step the window is dropped,
 // as for any failed step. Adaptive accumulation calls after_forward/after_backward once per part.
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/device.hpp>
@@ -195,6 +197,9 @@ concept HasBeforeOptimizerStep = requires(H& h, Loop& l, GradGroups& g, StepResu
 };
 template <class H, class Loop>
 concept HasAfterOptimizerStep = requires(H& h, Loop& l, StepResult& r) { h.after_optimizer_step(l, r); };
+// A hook whose after_optimizer_step must see every other hook's (it saves the run's state).
+template <class H>
+concept SeesOthersFirst = requires { requires H::sees_others_first; };
 template <class H, class Loop>
 concept HasStepEnd = requires(H& h, Loop& l, StepResult& r, std::int64_t rows) { h.on_step_end(l, r, rows); };
 template <class H, class Loop>

@@ -28,6 +28,17 @@
 // A monitor policy (monitor::Phases from monitor/phases.hpp) is told when each phase of a step ends;
 // loop.monitor() gives its figures. monitor::Off, the default, is never called.
 //
+// Gradients belong to their step: each accumulation window starts from no gradient on the loop's own
+// parameters (those of its optimizer): what another backward left there is released (set to none, no
+// kernel) before the window's first forward, and the loop releases its gradients again after its
+// optimizer step. So no zero_grad() is needed, also with several models in one run: in a GAN the
+// generator's loss goes backward through the discriminator and leaves gradients there, which the
+// discriminator loop's next step does not add (examples/dcgan.cpp; tests/train/two_models.cpp checks
+// it equals the plain program with its zero_grad() calls bit for bit). Within a window, the loop adds
+// its micro-batches' gradients, and anything else's that reaches its parameters meanwhile, as PyTorch
+// does. Several loops in one run: snapshot::Run (snapshot/policy.hpp) saves them in one snapshot, and
+// each monitor's pause() keeps the other loop's step out of its data wait (monitor/phases.hpp).
+//
 // The loop's own state (counters, accumulation window, loss scale, split) is state() / load_state():
 // what memory::find_max_batch_size puts back after its trials, and what a snapshot saves.
 #include <nitro/core/concepts.hpp>
@@ -308,8 +319,12 @@ class TrainingLoop {
     /// hook but the clip policy is called, no host counter moves, nothing is read back, the
     /// gradients stay in the parameters' .grad. Needs a fused optimizer (optim/fused.hpp).
     DeviceStep on_device(const Batch& batch) { return loop_.device_step(batch, loss_fn_); }
-    /// Before a step done by replaying on_device's work: the hooks' on_step_begin.
-    void begin() { loop_.begin_step(); }
+    /// Before a step done by replaying on_device's work: the gradients other backward passes left on
+    /// the loop's parameters released (the graph writes its own), the hooks' on_step_begin.
+    void begin() {
+      loop_.release_grads();
+      loop_.begin_step();
+    }
     /// After it: the one host decision (found_inf read, when defined, as an eager step reads it), the
     /// counters (the loop's, the optimizer's host step), the loss scale copied, the hooks'
     /// after_optimizer_step and on_step_end. `done` holds the device tensors of the step.
@@ -329,6 +344,9 @@ class TrainingLoop {
     if constexpr (detail::SplitsOnOom<Accumulation> || wants_rows) rows = detail::batch_rows(batch);
     StepResult result;
     try {
+      // Gradients belong to their step: a window starts from none on this loop's parameters, so what
+      // another backward left there (a GAN's generator loss through the discriminator) is not added.
+      if (micro_ == 0) release_grads();
       if (!begun) begin_step();
       if constexpr (detail::SplitsOnOom<Accumulation>) {
         result.loss = split_forward_backward(batch, rows, loss_fn);
@@ -344,6 +362,13 @@ class TrainingLoop {
     if (micro_ >= window_) optimizer_step(result);
     end_step(result, rows);
     return result;
+  }
+
+  // Sets the parameters' gradients to none (no kernel, no allocation): what zero_grad(set_to_none)
+  // does, without the optimizer's virtual call and its groups.
+  void release_grads() noexcept {
+    for (auto& p : params_)
+      if (p.grad().defined()) p.mutable_grad().reset();
   }
 
   void begin_step() {
@@ -724,7 +749,13 @@ class TrainingLoop {
     result.skipped = skip;
     micro_ = 0;
     each_hook([&](auto& h) {
-      if constexpr (detail::HasAfterOptimizerStep<std::remove_cvref_t<decltype(h)>, TrainingLoop>)
+      using H = std::remove_cvref_t<decltype(h)>;
+      if constexpr (detail::HasAfterOptimizerStep<H, TrainingLoop> && !detail::SeesOthersFirst<H>)
+        h.after_optimizer_step(*this, result);
+    });
+    each_hook([&](auto& h) {  // those that save the run: after every other hook's update
+      using H = std::remove_cvref_t<decltype(h)>;
+      if constexpr (detail::HasAfterOptimizerStep<H, TrainingLoop> && detail::SeesOthersFirst<H>)
         h.after_optimizer_step(*this, result);
     });
   }
