@@ -133,7 +133,12 @@ struct Checkpoint {
     torch::save(dopt, (tmp / "discriminator_optimizer.pt").string());
     torch::save(ema.shadow, (tmp / "ema.pt").string());
     torch::save(std::vector<torch::Tensor>{noise, torch::tensor(iteration)}, (tmp / "extras.pt").string());
-    std::filesystem::remove_all(dir / "checkpoint");
+    // File by file: libtorch.so 2.11 exports a std::filesystem::remove_all that crashes on a
+    // non-empty directory (README, "Removing a directory tree").
+    if (std::filesystem::exists(dir / "checkpoint")) {
+      for (const auto& e : std::filesystem::directory_iterator(dir / "checkpoint")) std::filesystem::remove(e.path());
+      std::filesystem::remove(dir / "checkpoint");
+    }
     std::filesystem::rename(tmp, dir / "checkpoint");
   }
   std::optional<std::int64_t> load(torch::nn::Sequential& g, torch::nn::Sequential& d, torch::optim::Adam& go,
