@@ -9,12 +9,18 @@
 // present): 5 steps of each after 5 uncounted, each under callgrind in a process of its own.
 // RESULT loop_overhead_instructions, goal <= 1.01.
 //
+// The Auto row: level::Auto<Basic, Advanced, Ultra> holding level::Basic (adopted, no trials) against
+// level::Basic used directly, on the same model and optimizer, interleaved: what the variant's dispatch
+// (one std::visit and one branch a step) costs. RESULT auto_dispatch_overhead, goal <= 1.02, and
+// auto_dispatch_instructions, goal <= 1.01.
+//
 //   bench_loop_overhead [rounds] [--instructions | --no-instructions] [--instructions-out=DIR]
 #include "common.hpp"
 #include "instructions.hpp"
 #include "models.hpp"
 
 #include <nitro/data/synthetic.hpp>
+#include <nitro/train/autotune.hpp>
 #include <nitro/train/levels.hpp>
 
 #include <torch/torch.h>
@@ -63,10 +69,15 @@ int main(int argc, char** argv) {
   int next = 0;
   auto hand_step = [&] { hand_step_on(model, optimizer, inputs[static_cast<size_t>(next++ % batches)]); };
   auto loop_step = [&] { loop.step(inputs[static_cast<size_t>(next++ % batches)], loss_of(model)); };
+  using Auto = nitro::level::Auto<nitro::level::Basic, nitro::level::Advanced, nitro::level::Ultra>;
+  Auto auto_loop{model, optimizer};
+  auto_loop.adopt({});  // level::Basic, the user's choices as they are: no trials
+  auto auto_step = [&] { auto_loop.step(inputs[static_cast<size_t>(next++ % batches)], loss_of(model)); };
 
   // Instruction counts: the same 5 steps of each after 5 uncounted, from the same model and batches.
   counts.add("hand-written", hand_step, {.warmup = warmup, .steps = 5});
   counts.add("basic", loop_step, {.warmup = warmup, .steps = 5});
+  counts.add("auto", auto_step, {.warmup = warmup, .steps = 5});
   if (counts.child()) return counts.run_child();  // a valgrind child: the variants' steps, nothing else
 
   // Same work: two copies, one per loop, stay equal step for step.
@@ -93,13 +104,20 @@ int main(int argc, char** argv) {
   }
   const auto [hand, ours] = nitro::bench::interleaved(hand_step, loop_step, rounds, per_round);
   const double h = nitro::bench::median(hand), o = nitro::bench::median(ours);
+  for (int i = 0; i < warmup; ++i) auto_step();
+  const auto [direct, dispatched] = nitro::bench::interleaved(loop_step, auto_step, rounds, per_round);
+  const double d = nitro::bench::median(direct), a = nitro::bench::median(dispatched);
   std::printf("bench_loop_overhead: CNN 3x32x32, batch 32, SGD, %s (%s), %zu steps each, interleaved\n",
               gpu ? "cuda" : "cpu", nitro::bench::machine().c_str(), hand.size());
   std::printf("%-22s %12s\n", "loop", "median ms");
   std::printf("%-22s %12.3f\n", "hand-written LibTorch", h * 1e3);
   std::printf("%-22s %12.3f\n", "nitro level::Basic", o * 1e3);
+  std::printf("%-22s %12.3f   (against level::Basic %.3f in its own interleaved run)\n", "nitro level::Auto", a * 1e3,
+              d * 1e3);
   std::printf("same work: largest parameter difference between the two loops after 4 steps: %.3g\n", max_diff);
   nitro::bench::result("loop_overhead", o / h, "<=", 1.02);
   counts.result("loop_overhead_instructions", "basic", "hand-written");
+  nitro::bench::result("auto_dispatch_overhead", a / d, "<=", 1.02);
+  counts.result("auto_dispatch_instructions", "auto", "basic");
   return 0;
 }

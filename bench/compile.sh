@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Compile time of a user's translation unit: Nitro's against the same program with LibTorch alone.
 #
-#   bash bench/compile.sh [--rounds N] [--build DIR] [--only header,quickstart,dcgan] [--include DIR]
+#   bash bench/compile.sh [--rounds N] [--build DIR] [--only header,quickstart,dcgan,auto] [--include DIR]
 #
 # Each pair is compiled the way users build: the exact command CMake gives examples/quickstart.cpp in
 # a release build (its -O level, include directories and defines, no precompiled header), taken from
@@ -16,6 +16,9 @@
 #               against <torch/torch.h> + an empty main
 #   quickstart  examples/quickstart.cpp against bench/compile/quickstart_torch.cpp
 #   dcgan       examples/dcgan.cpp against bench/compile/dcgan_torch.cpp
+#   auto        a small program training with level::Auto<Basic, Advanced> (train/autotune.hpp)
+#               against the same program with level::Basic: what Auto adds to a translation unit
+#               (RESULT compile_auto_vs_basic, goal <= 1.5, our own: a variant of two loop types)
 # --include DIR compiles against another copy of Nitro's headers (DIR/nitro/...), e.g. a copy taken
 # before a change, in place of this tree's include/.
 # About 20 to 40 CPU seconds a compile: 6 to 10 minutes for all three pairs on 2 cores.
@@ -24,7 +27,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 rounds=3
 build=""
-only="header,quickstart,dcgan"
+only="header,quickstart,dcgan,auto"
 include=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -32,7 +35,7 @@ while [ $# -gt 0 ]; do
     --build) build="$2"; shift 2 ;;
     --only) only="$2"; shift 2 ;;
     --include) include="$2"; shift 2 ;;
-    *) echo "compile.sh: unknown option $1; use --rounds N, --build DIR, --only header,quickstart,dcgan, --include DIR" >&2; exit 2 ;;
+    *) echo "compile.sh: unknown option $1; use --rounds N, --build DIR, --only header,quickstart,dcgan,auto, --include DIR" >&2; exit 2 ;;
   esac
 done
 [ "$rounds" -ge 1 ] 2>/dev/null || { echo "compile.sh: --rounds must be a whole number >= 1" >&2; exit 2; }
@@ -73,6 +76,31 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 printf '#include <torch/torch.h>\n\nint main() { return 0; }\n' >"$tmp/header_torch.cpp"
 printf '#include <nitro/nitro.hpp>\n\n#include <torch/torch.h>\n\nint main() { return 0; }\n' >"$tmp/header_nitro.cpp"
+# The auto pair: one program, its loop type level::Auto<Basic, Advanced> or level::Basic.
+auto_program() {  # <include line> <loop type> <after the steps>
+  cat <<CPP
+#include <nitro/nitro.hpp>
+$1
+#include <torch/torch.h>
+
+#include <cstdio>
+
+int main() {
+  torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::Functional(torch::relu), torch::nn::Linear(8, 2));
+  torch::optim::SGD optimizer(model->parameters(), 0.1);
+  using Loop = $2;
+  Loop loop{model, optimizer};
+  const auto batch = std::make_pair(torch::randn({8, 4}), torch::randint(0, 2, {8}));
+  const auto loss = [&](const auto& b) { return torch::cross_entropy_loss(model->forward(b.first), b.second); };
+  for (int i = 0; i < 3; ++i) loop.step(batch, loss);
+  $3
+  return 0;
+}
+CPP
+}
+auto_program '#include <nitro/train/autotune.hpp>' 'nitro::level::Auto<nitro::level::Basic, nitro::level::Advanced>' \
+  'std::puts(loop.result().table().c_str());' >"$tmp/auto_nitro.cpp"
+auto_program '' 'nitro::level::Basic' 'std::printf("%lld\n", static_cast<long long>(loop.optimizer_steps()));' >"$tmp/auto_basic.cpp"
 
 # CPU seconds (user + sys) and peak memory in MB of one compile of <source> to an object file.
 compile_once() {
@@ -86,8 +114,8 @@ echo "compile.sh: CPU seconds (user + sys) per compile, $rounds interleaved roun
 echo "machine: $(lscpu | grep 'Model name' | sed 's/ \{2,\}/ /g'), $(nproc) cores; $("${compile[0]}" --version | head -1)"
 echo "command: $cmd -c FILE -o FILE.o"
 results=()
-pair() {  # <name> <nitro source> <torch source>
-  local name="$1" a="$2" b="$3" ta=() tb=() ma_=() mb_=() t m out
+pair() {  # <name> <nitro source> <torch source> [<result name> <goal> <label of a> <label of b>]
+  local name="$1" a="$2" b="$3" result="${4:-compile_nitro_vs_torch_$1}" goal="${5:-1.15}" ta=() tb=() ma_=() mb_=() t m out
   case ",$only," in *",$name,"*) ;; *) return 0 ;; esac
   for f in "$a" "$b"; do
     if [ ! -f "$f" ]; then
@@ -95,8 +123,8 @@ pair() {  # <name> <nitro source> <torch source>
       return 0
     fi
   done
-  printf '%-11s %-44s %s\n' "$name" "${a#"$root"/}" "(nitro)"
-  printf '%-11s %-44s %s\n' "" "${b#"$root"/}" "(LibTorch only)"
+  printf '%-11s %-44s %s\n' "$name" "${a#"$root"/}" "(${6:-nitro}: 'nitro' below)"
+  printf '%-11s %-44s %s\n' "" "${b#"$root"/}" "(${7:-LibTorch only}: 'torch' below)"
   for ((r = 1; r <= rounds; ++r)); do
     out=$(compile_once "$a"); read -r t m <<<"$out"; ta+=("$t"); ma_+=("$m")
     out=$(compile_once "$b"); read -r t m <<<"$out"; tb+=("$t"); mb_+=("$m")
@@ -106,13 +134,14 @@ pair() {  # <name> <nitro source> <torch source>
   ma=$(median "${ta[@]}"); mb=$(median "${tb[@]}")
   rss_a=$(median "${ma_[@]}"); rss_b=$(median "${mb_[@]}")
   ratio=$(awk -v a="$ma" -v b="$mb" 'BEGIN {printf "%.3f", a / b}')
-  verdict=$(awk -v r="$ratio" 'BEGIN {print (r <= 1.15) ? "PASS" : "MISS"}')
+  verdict=$(awk -v r="$ratio" -v g="$goal" 'BEGIN {print (r <= g) ? "PASS" : "MISS"}')
   printf '  median:  nitro %7.2f s %5d MB   torch %7.2f s %5d MB   ratio %s (peak memory %s)\n' "$ma" "$rss_a" "$mb" \
     "$rss_b" "$ratio" "$(awk -v a="$rss_a" -v b="$rss_b" 'BEGIN {printf "%.3f", a / b}')"
-  results+=("RESULT compile_nitro_vs_torch_$name=$ratio goal<=1.15 $verdict")
+  results+=("RESULT $result=$ratio goal<=$goal $verdict")
 }
 pair header "$tmp/header_nitro.cpp" "$tmp/header_torch.cpp"
 pair quickstart "$root/examples/quickstart.cpp" "$root/bench/compile/quickstart_torch.cpp"
 pair dcgan "$root/examples/dcgan.cpp" "$root/bench/compile/dcgan_torch.cpp"
+pair auto "$tmp/auto_nitro.cpp" "$tmp/auto_basic.cpp" compile_auto_vs_basic 1.5 "level::Auto<Basic, Advanced>" "level::Basic"
 lscpu | grep 'Model name'
 [ ${#results[@]} -eq 0 ] || printf '%s\n' "${results[@]}"

@@ -9,6 +9,7 @@
 //   build/examples/levels [--epochs 2] [--samples 8192] [--batch 64] [--metrics DIR]
 #include <nitro/monitor/trace.hpp>
 #include <nitro/nitro.hpp>
+#include <nitro/train/autotune.hpp>
 
 #include <torch/torch.h>
 
@@ -99,17 +100,29 @@ Row train_level(const std::string& name, const std::string& file, const Args& ar
                 typename Level::Options level_options) {
   using Loop = std::conditional_t<Traced, nitro::level::with<Level, nitro::monitor::Phases, nitro::monitor::Trace>,
                                   nitro::level::with<Level, nitro::monitor::Phases>>;
+  // level::Auto: it sets the hardware its pick needs, and tunes at its first step (counted in its
+  // samples/s). The demo always tunes, to show the trials; a program of yours keeps the choice in the
+  // decision cache and starts at once the next time (NITRO_AUTOTUNE=force tunes again).
+  constexpr bool is_auto = requires { Level::candidates; };
   const bool gpu = nitro::Cuda::available();
   auto model = cnn();
   model->to(gpu ? nitro::Cuda::device() : nitro::Cpu::device());
   Optimizer optimizer(model->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
-  nitro::hw::ScopedSettings hw{nitro::level::hardware<Level>()};
+  std::optional<nitro::hw::ScopedSettings> hw;
   typename Loop::Options options;
-  options.amp = level_options.amp;
-  options.accumulate = level_options.accumulate;
-  options.checkpoint = level_options.checkpoint;
-  options.clip = level_options.clip;
-  if constexpr (Traced) {
+  if constexpr (is_auto) {
+    options.tune = level_options.tune;
+    options.tune.mode = nitro::tune::Mode::force;
+    options.tune.print_table = false;  // it is in the report below
+  } else {
+    hw.emplace(nitro::level::hardware<Level>());
+    options.amp = level_options.amp;
+    options.accumulate = level_options.accumulate;
+    options.checkpoint = level_options.checkpoint;
+    options.clip = level_options.clip;
+  }
+  if constexpr (is_auto) {
+  } else if constexpr (Traced) {
     static_assert(std::tuple_size_v<decltype(level_options.hooks)> == 0, "levels demo: trace a level without hooks");
     options.hooks = {nitro::monitor::Trace::Options{
         .path = std::filesystem::path(args.metrics) / (file + ".trace.json"), .start = 20, .steps = 3}};
@@ -135,6 +148,9 @@ Row train_level(const std::string& name, const std::string& file, const Args& ar
   // A metrics row (and one .item()) every 10 optimizer steps, so levels with accumulation line up.
   constexpr std::int64_t kEvery = 10;
   auto watch = [&](const at::Tensor& loss, const nitro::memory::PeakScope& memory) {
+    if constexpr (is_auto) {
+      if (samples == 0) bar.set_postfix(loop.describe());  // what it chose, on the progress line
+    }
     bar.update(1, loss);
     samples += micro_batch;
     const std::int64_t step = loop.optimizer_steps();
@@ -176,6 +192,7 @@ Row train_level(const std::string& name, const std::string& file, const Args& ar
       [&] { loop.flush(); }, watch);
   bar.close();
   sinks.close();
+  if constexpr (is_auto) row.name += " -> " + loop.result().name;
   const auto summary = nitro::monitor::summarize(loop);
   row.report = nitro::monitor::format(summary) + "advice:\n" + nitro::monitor::format(nitro::monitor::bottlenecks(summary));
   return row;
@@ -231,14 +248,18 @@ int main(int argc, char** argv) try {
   rows.push_back(train_level<nitro::level::Ultra>(
       "level::Ultra (bf16, 2x" + std::to_string(args.batch / 2) + " accum, sqrt ckpt, clip)", "ultra", args, args.batch / 2,
       {.accumulate = nitro::accumulate::Dynamic::for_batch(args.batch, args.batch / 2), .clip = {.max_norm = 5.0}}));
+  // level::Auto tries the three levels (and channels-last, the fused optimizer, the thread count) on
+  // this CNN and machine, then trains with the fastest.
+  rows.push_back(train_level<nitro::level::Auto<nitro::level::Basic, nitro::level::Advanced, nitro::level::Ultra>>(
+      "level::Auto", "auto", args, args.batch, {}));
   // level::Max replays each step from a CUDA graph: on a GPU only (graph/capture.hpp).
   if (gpu)
     rows.push_back(train_level<nitro::level::Max, nitro::optim::FusedSGD>("level::Max (bf16, CUDA graph) + FusedSGD",
                                                                         "max", args, args.batch, {}));
 
-  std::printf("%-52s %10s %9s %11s %14s\n", "configuration", "samples/s", "peak MB", "final loss", "test accuracy");
+  std::printf("%-70s %10s %9s %11s %14s\n", "configuration", "samples/s", "peak MB", "final loss", "test accuracy");
   for (const auto& r : rows)
-    std::printf("%-52s %10.0f %9.1f %11.4f %14.4f\n", r.name.c_str(), r.samples_per_s, r.peak_mb, r.final_loss,
+    std::printf("%-70s %10.0f %9.1f %11.4f %14.4f\n", r.name.c_str(), r.samples_per_s, r.peak_mb, r.final_loss,
                 r.accuracy);
   std::printf("peak MB: the most tensor memory live at once during training (%s)\n",
               gpu ? "CUDA caching allocator" : "CPU tensors, nitro::memory::ScopedCpuTracking");
@@ -246,7 +267,7 @@ int main(int argc, char** argv) try {
     if (r.report.empty()) continue;
     std::printf("\n%s, monitor::Phases (per micro-batch step):\n%s", r.name.c_str(), r.report.c_str());
   }
-  std::printf("\nmetrics (a row every 10 optimizer steps): %s/{basic,basic_fused,advanced,ultra%s}.{jsonl,csv}; plot them with\n"
+  std::printf("\nmetrics (a row every 10 optimizer steps): %s/{basic,basic_fused,advanced,ultra,auto%s}.{jsonl,csv}; plot them with\n"
               "  python3 bench/plot_metrics.py %s/*.jsonl -o metrics.png\n",
               args.metrics.c_str(), gpu ? ",max" : "", args.metrics.c_str());
   std::printf("TensorBoard event files, one run per level: %s/tensorboard/; view them with\n"

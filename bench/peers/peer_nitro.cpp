@@ -9,7 +9,8 @@
 //   peer_nitro run --workload W --config C --dir D [--device cpu|cuda] [--steps N] [--warmup K]
 //       W: mlp | cnn | transformer   C: libtorch (a hand-written LibTorch loop, torch::optim::AdamW),
 //          nitro_basic (level::Basic, FusedAdamW), nitro_advanced (level::Advanced + its hardware
-//          settings, FusedAdamW), nitro_max (level::Max: graph::Capture; GPU only)
+//          settings, FusedAdamW), nitro_auto (level::Auto<Basic, Advanced>, FusedAdamW: the level it
+//          picks on this machine), nitro_max (level::Max: graph::Capture; GPU only)
 //       W: checkpoint   C: plain | checkpoint (checkpoint::sequential, ceil(sqrt(layers)) segments)
 //       W: pipeline     C: prefetcher (Prefetcher over a data set whose every batch costs L ms)
 //
@@ -27,6 +28,7 @@
 #include <nitro/data/synthetic.hpp>
 #include <nitro/memory/tracking_allocator.hpp>
 #include <nitro/optim/fused.hpp>
+#include <nitro/train/autotune.hpp>
 #include <nitro/train/levels.hpp>
 #if NITRO_WITH_CUDA
 #include <nitro/graph/capture.hpp>
@@ -397,6 +399,7 @@ Outcome train(const Args& a, Model model, const Batches& batches, int warmup, in
     return measure([&](const Batch& b) { return loop.step(b, loss_of).loss; }, batches, device, warmup, steps);
   };
   if (a.config == "nitro_basic") {
+    nitro::hw::ScopedSettings hw{nitro::level::hardware<nitro::level::Basic>()};  // the CPU heap kept
     nitro::level::Basic loop{model, optimizer};
     return run(loop);
   }
@@ -404,6 +407,17 @@ Outcome train(const Args& a, Model model, const Batches& batches, int warmup, in
     nitro::hw::ScopedSettings hw{nitro::level::hardware<nitro::level::Advanced>()};
     nitro::level::Advanced loop{model, optimizer};
     return run(loop);
+  }
+  if (a.config == "nitro_auto") {
+    // level::Auto over Basic and Advanced: it tunes at the first warm-up step (not timed; bench_autotune
+    // measures what tuning costs) and keeps its choice in <dir>/autotune, so later rounds start at once.
+    using Auto = nitro::level::Auto<nitro::level::Basic, nitro::level::Advanced>;
+    Auto::Options options;
+    options.tune.cache_dir = std::filesystem::path(a.dir) / "autotune";
+    Auto loop{model, optimizer, options};
+    auto outcome = run(loop);
+    std::printf("peer_nitro: level::Auto chose %s (%s)\n", loop.result().name.c_str(), loop.result().source.c_str());
+    return outcome;
   }
 #if NITRO_WITH_CUDA
   if (a.config == "nitro_max") {
@@ -413,7 +427,8 @@ Outcome train(const Args& a, Model model, const Batches& batches, int warmup, in
     return run(loop);
   }
 #endif
-  usage("unknown config " + a.config + " for " + a.workload + " (libtorch, nitro_basic, nitro_advanced, nitro_max)");
+  usage("unknown config " + a.config + " for " + a.workload +
+        " (libtorch, nitro_basic, nitro_advanced, nitro_auto, nitro_max)");
 }
 
 Outcome run_training(const Args& a, const Shapes& s) {

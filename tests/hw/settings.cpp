@@ -230,4 +230,41 @@ TEST_CASE("without privilege, a lower nice (or one that could not be undone) is 
   }
   CHECK(nitro::test::run_child("unprivileged_nice", {}) == 0);
 }
+
+// What a training step does to glibc's heap: many 1 MiB blocks (an MLP's gradients) freed together
+// at the top of the heap, then allocated and written again. Exit code: the minor page faults of
+// rounds 5 to 24, in hundreds (at most 250). With "keep", Settings::heap() first.
+NITRO_TEST_CHILD(heap_faults) {
+  if (!args.empty() && args[0] == "keep") {
+    nitro::hw::ScopedSettings heap{nitro::hw::Settings::heap()};  // glibc's thresholds stay set after the scope
+  }
+  const auto faults = [] {
+    rusage u{};
+    ::getrusage(RUSAGE_SELF, &u);
+    return static_cast<long>(u.ru_minflt);
+  };
+  long before = 0;
+  for (int round = 0; round < 25; ++round) {
+    if (round == 5) before = faults();
+    std::vector<at::Tensor> grads;
+    for (int i = 0; i < 16; ++i) grads.push_back(at::empty({1 << 18}, at::kFloat).fill_(1.0f));  // 1 MiB each
+  }
+  return static_cast<int>(std::min<long>((faults() - before) / 100, 250));
+}
+
+TEST_CASE("cpu_heap_keep_bytes keeps the heap: a step's freed memory is reused without page faults") {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  MESSAGE("a sanitizer's allocator replaces glibc's malloc here: the page faults are not glibc's; skipped");
+#else
+  // Fresh processes: glibc's thresholds depend on the process's history.
+  const int plain = nitro::test::run_child("heap_faults", {"plain"});
+  const int kept = nitro::test::run_child("heap_faults", {"keep"});
+  CHECK(plain >= 10);  // >= 1000 faults: 16 MiB given back and faulted in again each round
+  CHECK(kept == 0);    // < 100 faults
+#endif
+  CHECK(nitro::hw::Settings::heap().cpu_heap_keep_bytes == std::int64_t{128} << 20);
+  CHECK(nitro::hw::Settings::fast().cpu_heap_keep_bytes == std::int64_t{128} << 20);
+  CHECK(error_of({.cpu_heap_keep_bytes = 1000}).find("cpu_heap_keep_bytes must be in [1 MiB, 1 GiB]") !=
+        std::string::npos);
+}
 #endif

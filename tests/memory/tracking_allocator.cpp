@@ -2,6 +2,9 @@
 
 #include "testing.hpp"
 
+#include <atomic>
+#include <thread>
+
 TEST_CASE("the tracking allocator counts exactly the bytes of the tensors allocated in its scope") {
   nitro::memory::ScopedCpuTracking track;
   CHECK(track.stats().live_bytes == 0);
@@ -64,4 +67,48 @@ TEST_CASE("the out-of-memory error of a budget keeps its type through autograd's
   auto loss = torch::relu(x.matmul(w)).matmul(w).sum();
   track.set_budget(track.stats().live_bytes + 4096);  // backward needs far more
   CHECK_THROWS_AS(loss.backward(), c10::OutOfMemoryError);
+}
+
+TEST_CASE("nested scopes both count a block and free it once, whichever scope ends first") {
+  nitro::memory::ScopedCpuTracking outer;
+  at::Tensor kept;
+  {
+    nitro::memory::ScopedCpuTracking inner;
+    auto freed_inside = torch::empty({1024}, torch::kFloat);  // 4096 bytes
+    kept = torch::empty({2048}, torch::kFloat);                 // 8192 bytes, freed after the inner scope
+    CHECK(inner.stats().live_bytes == 4096 + 8192);
+    CHECK(outer.stats().live_bytes == 4096 + 8192);
+    freed_inside.reset();
+    CHECK(inner.stats().live_bytes == 8192);
+    CHECK(outer.stats().live_bytes == 8192);  // each tracker counted the free (before the fix: outer kept it)
+  }
+  kept.reset();
+  CHECK(outer.stats().live_bytes == 0);
+  CHECK(outer.stats().frees == 2);
+  // Memory really returned: many nested rounds of a large tensor keep the outer live count at 0.
+  for (int i = 0; i < 50; ++i) {
+    nitro::memory::ScopedCpuTracking inner;
+    (void)torch::empty({64 << 20}, torch::kByte);
+  }
+  CHECK(outer.stats().live_bytes == 0);
+}
+
+TEST_CASE("scopes opened and closed while another thread allocates: every block is freed where it was counted") {
+  // Under ASan this caught a scope's allocator used by the other thread after the scope had destroyed it.
+  std::atomic<bool> stop{false};
+  std::thread other([&] {
+    while (!stop.load()) {
+      auto t = at::empty({256}, at::kFloat);
+      (void)t;
+    }
+  });
+  nitro::memory::ScopedCpuTracking outer;
+  for (int i = 0; i < 2000; ++i) {
+    nitro::memory::ScopedCpuTracking scope;
+    (void)at::empty({64}, at::kFloat);
+  }
+  stop = true;
+  other.join();
+  CHECK(outer.stats().live_bytes == 0);
+  CHECK(outer.stats().allocations == outer.stats().frees);
 }

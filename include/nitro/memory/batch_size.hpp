@@ -78,6 +78,7 @@
 #include <memory>
 #include <typeinfo>
 #include <unordered_map>
+#include <unordered_set>
 #include <mutex>
 #include <cstdint>
 #include <functional>
@@ -178,8 +179,9 @@ inline constexpr bool state_has_step = !std::is_same_v<S, torch::optim::SGDParam
 
 }  // namespace detail
 
-/// A copy of a model's parameters, buffers and gradients, an optimizer's state and options, and the
-/// random generators, to put back exactly. Copies are kept in host memory, so a search on a GPU does
+/// A copy of a model's parameters, buffers and gradients, an optimizer's state and options (and the
+/// values and gradients of its parameters the model does not own), and the random generators, to
+/// put back exactly. Copies are kept in host memory, so a search on a GPU does
 /// not lose device memory to them, and are put back in place (no device allocation) when the shapes
 /// still match. The states of SGD, Adam, AdamW, Adagrad and RMSprop are copied field by field; another
 /// optimizer's state is serialised in LibTorch's format and loaded back, which allocates anew.
@@ -192,7 +194,17 @@ class StateBackup {
       for (const auto& p : model_->parameters()) params_.push_back({p, detail::host_copy(p), detail::host_copy(p.grad())});
       for (const auto& b : model_->buffers()) buffers_.push_back({b, detail::host_copy(b), {}});
     }
-    if (optimizer_ != nullptr) save_optimizer();
+    if (optimizer_ != nullptr) {
+      // The optimizer's parameters that the model does not own (a learnable loss temperature, a head
+      // kept outside the model): it steps them too.
+      std::unordered_set<const void*> known;
+      for (const auto& e : params_) known.insert(e.live.unsafeGetTensorImpl());
+      for (auto& group : optimizer_->param_groups())
+        for (const auto& p : group.params())
+          if (known.insert(p.unsafeGetTensorImpl()).second)
+            params_.push_back({p, detail::host_copy(p), detail::host_copy(p.grad())});
+      save_optimizer();
+    }
     {
       // The engine itself, not get_state(): that makes a tensor, which would count against a CPU budget.
       auto cpu = at::detail::getDefaultCPUGenerator();

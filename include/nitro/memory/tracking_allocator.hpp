@@ -27,6 +27,7 @@
 #include <mutex>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace nitro::memory {
 
@@ -91,7 +92,11 @@ class TrackingAllocator final : public c10::Allocator {
     {
       auto& t = table();
       std::lock_guard<std::mutex> lock(t.mutex);
-      t.blocks[data] = Block{context, deleter, n, counters_};
+      // A tracker wrapping another (nested scopes): the outer one registered this block first; it
+      // is kept under this one's, and put back when this one's deleter has counted the free.
+      auto& slot = t.blocks[data];
+      auto below = slot.counters ? std::make_unique<Block>(std::move(slot)) : nullptr;
+      slot = Block{context, deleter, n, counters_, std::move(below)};
     }
     auto peak = counters_->peak.load(std::memory_order_relaxed);
     while (live > peak && !counters_->peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
@@ -131,10 +136,11 @@ class TrackingAllocator final : public c10::Allocator {
                              " bytes (a CPU byte budget set by ScopedCpuTracking or set_budget)"));
   }
   struct Block {
-    void* context;  // the wrapped allocator's, freed with its deleter
-    c10::DeleterFnPtr deleter;
-    std::int64_t bytes;
+    void* context = nullptr;  // the wrapped allocator's, freed with its deleter
+    c10::DeleterFnPtr deleter = nullptr;
+    std::int64_t bytes = 0;
     std::shared_ptr<Counters> counters;
+    std::unique_ptr<Block> below;  // the wrapped tracker's block of the same memory, if it is one
   };
   struct Table {
     std::mutex mutex;
@@ -152,7 +158,8 @@ class TrackingAllocator final : public c10::Allocator {
       const auto it = t.blocks.find(data);
       if (it == t.blocks.end()) return;  // not ours: cannot happen, and never worth a crash
       block = std::move(it->second);
-      t.blocks.erase(it);
+      if (block.below) it->second = std::move(*block.below);  // for the wrapped tracker's deleter
+      else t.blocks.erase(it);
     }
     block.counters->live.fetch_sub(block.bytes, std::memory_order_relaxed);
     block.counters->frees.fetch_add(1, std::memory_order_relaxed);
@@ -165,27 +172,40 @@ class TrackingAllocator final : public c10::Allocator {
 
 /// Installs a TrackingAllocator as LibTorch's CPU allocator for a scope, then puts back the one that
 /// was there. Scopes nest (the inner one counts what the outer one also counts).
+///
+/// While a scope is open, every thread's CPU allocations go through it (they count in its figures
+/// and against its budget). Its allocator outlives the scope: another thread may have read the
+/// allocator in force just before the scope ended and still be allocating through it, so it is
+/// retired (kept, a few bytes) rather than destroyed.
 class ScopedCpuTracking {
  public:
   explicit ScopedCpuTracking(TrackingOptions options = {})
-      : previous_(c10::GetCPUAllocator()), tracker_(previous_, options) {
-    c10::SetCPUAllocator(&tracker_, kPriority);
+      : previous_(c10::GetCPUAllocator()), tracker_(retire(std::make_unique<TrackingAllocator>(previous_, options))) {
+    c10::SetCPUAllocator(tracker_, kPriority);
   }
   ScopedCpuTracking(const ScopedCpuTracking&) = delete;
   ScopedCpuTracking& operator=(const ScopedCpuTracking&) = delete;
   ~ScopedCpuTracking() { c10::SetCPUAllocator(previous_, kPriority); }
 
-  AllocationStats stats() const noexcept { return tracker_.stats(); }
-  void reset_peak() noexcept { tracker_.reset_peak(); }
+  AllocationStats stats() const noexcept { return tracker_->stats(); }
+  void reset_peak() noexcept { tracker_->reset_peak(); }
   /// See TrackingAllocator::set_budget.
-  void set_budget(std::int64_t bytes) { tracker_.set_budget(bytes); }
-  std::int64_t budget() const noexcept { return tracker_.budget(); }
+  void set_budget(std::int64_t bytes) { tracker_->set_budget(bytes); }
+  std::int64_t budget() const noexcept { return tracker_->budget(); }
 
  private:
   // SetCPUAllocator ignores a lower priority than the one in force; the highest always applies.
   static constexpr std::uint8_t kPriority = 255;
+  // Every scope's allocator, kept for the life of the process (reachable, so not a leak to LSan).
+  static TrackingAllocator* retire(std::unique_ptr<TrackingAllocator> tracker) {
+    static auto* mutex = new std::mutex;
+    static auto* kept = new std::vector<std::unique_ptr<TrackingAllocator>>;
+    std::lock_guard<std::mutex> lock(*mutex);
+    kept->push_back(std::move(tracker));
+    return kept->back().get();
+  }
   c10::Allocator* previous_;
-  TrackingAllocator tracker_;
+  TrackingAllocator* tracker_;
 };
 
 }  // namespace nitro::memory

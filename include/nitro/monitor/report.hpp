@@ -175,28 +175,37 @@ template <class Loop>
     l.fused_optimizer();
   }
 Summary summarize(Loop& loop, std::optional<data::PipelineStats> pipeline = std::nullopt) {
-  Summary s = summarize(loop.monitor());
-  s.pipeline = std::move(pipeline);
-  Summary::LoopFacts f;
-  f.mixed_precision = Loop::amp_policy::enabled;
-  f.fused_optimizer = loop.fused_optimizer();
-  // A weight that is both layouts at once (1x1 kernels, one input channel, depthwise) says nothing.
-  bool all_channels_last = true;
-  for (const auto& p : loop.model().parameters()) {
-    if (p.dim() != 4) continue;
-    f.conv = true;
-    const bool cl = p.is_contiguous(c10::MemoryFormat::ChannelsLast);
-    if (cl && p.is_contiguous()) continue;
-    all_channels_last = all_channels_last && cl;
+  if constexpr (requires { loop.result().table(); }) {
+    // level::Auto (train/autotune.hpp): its winner's summary, and the table of what it tried.
+    Summary s = loop.visit([&](auto& winner) { return summarize(winner, pipeline); });
+    std::string table = loop.result().table();
+    if (!table.empty() && table.back() == '\n') table.pop_back();
+    s.notes.push_back(std::move(table));
+    return s;
+  } else {
+    Summary s = summarize(loop.monitor());
+    s.pipeline = std::move(pipeline);
+    Summary::LoopFacts f;
+    f.mixed_precision = Loop::amp_policy::enabled;
+    f.fused_optimizer = loop.fused_optimizer();
+    // A weight that is both layouts at once (1x1 kernels, one input channel, depthwise) says nothing.
+    bool all_channels_last = true;
+    for (const auto& p : loop.model().parameters()) {
+      if (p.dim() != 4) continue;
+      f.conv = true;
+      const bool cl = p.is_contiguous(c10::MemoryFormat::ChannelsLast);
+      if (cl && p.is_contiguous()) continue;
+      all_channels_last = all_channels_last && cl;
+    }
+    f.channels_last = f.conv && all_channels_last;
+    loop.for_each_hook([&](auto& h) {
+      using H = std::remove_cvref_t<decltype(h)>;
+      if constexpr (requires { H::runs_steps; }) f.graphs = f.graphs || static_cast<bool>(H::runs_steps);
+      if constexpr (requires { { h.report() } -> std::convertible_to<std::string>; }) s.notes.push_back(h.report());
+    });
+    s.loop = f;
+    return s;
   }
-  f.channels_last = f.conv && all_channels_last;
-  loop.for_each_hook([&](auto& h) {
-    using H = std::remove_cvref_t<decltype(h)>;
-    if constexpr (requires { H::runs_steps; }) f.graphs = f.graphs || static_cast<bool>(H::runs_steps);
-    if constexpr (requires { { h.report() } -> std::convertible_to<std::string>; }) s.notes.push_back(h.report());
-  });
-  s.loop = f;
-  return s;
 }
 
 /// A table of the summary, for a terminal or a log.

@@ -1402,21 +1402,34 @@ inline Manifest load(const std::filesystem::path& file, const Contents& contents
 namespace detail {
 template <class Loop>
 LoopAccess loop_access(Loop& loop) {
-  LoopAccess access;
-  access.policies = loop_policies<Loop>();
-  access.step = loop.optimizer_steps();
-  access.micro_step = loop.pending_micro_batches();
-  access.save = [&loop] {
-    auto s = loop.state();
-    auto hooks = std::move(s.hooks);
-    return std::pair{loop_part(s), std::move(hooks)};
-  };
-  access.load = [&loop](const StateDict& d, const LoopAccess::Hooks& hooks) {
-    auto s = loop_state<typename Loop::State>(d);
-    s.hooks = hooks;
-    loop.load_state(s);
-  };
-  return access;
+  if constexpr (requires { loop.snapshot_choice(); }) {
+    // level::Auto (train/autotune.hpp): its winner's access, with the choice in the loop part.
+    LoopAccess access = loop.visit([](auto& winner) { return loop_access(winner); });
+    access.save = [inner = std::move(access.save), &loop] {
+      auto saved = inner();
+      const StateDict choice = loop.snapshot_choice();
+      saved.first.integers.insert(choice.integers.begin(), choice.integers.end());
+      saved.first.strings.insert(choice.strings.begin(), choice.strings.end());
+      return saved;
+    };
+    return access;
+  } else {
+    LoopAccess access;
+    access.policies = loop_policies<Loop>();
+    access.step = loop.optimizer_steps();
+    access.micro_step = loop.pending_micro_batches();
+    access.save = [&loop] {
+      auto s = loop.state();
+      auto hooks = std::move(s.hooks);
+      return std::pair{loop_part(s), std::move(hooks)};
+    };
+    access.load = [&loop](const StateDict& d, const LoopAccess::Hooks& hooks) {
+      auto s = loop_state<typename Loop::State>(d);
+      s.hooks = hooks;
+      loop.load_state(s);
+    };
+    return access;
+  }
 }
 }  // namespace detail
 
@@ -1446,10 +1459,18 @@ template <class Loop>
     l.optimizer();
   }
 Manifest load(const std::filesystem::path& file, Loop& loop, Contents contents = {}) {
+  if constexpr (requires(const StateDict& d) { loop.adopt_snapshot_choice(d); }) {
+    // level::Auto: the snapshot's choice first (no tuning), so that its optimizer and loop are the
+    // ones saved.
+    Reader reader(file);
+    loop.adopt_snapshot_choice(reader.read("loop"));
+  }
   if (contents.model == nullptr) contents.model = &loop.model();
   if (contents.optimizer == nullptr) contents.optimizer = &loop.optimizer();
   const detail::LoopAccess access = detail::loop_access(loop);
-  return detail::load(file, contents, &access);
+  auto manifest = detail::load(file, contents, &access);
+  if constexpr (requires { loop.after_snapshot_load(); }) loop.after_snapshot_load();
+  return manifest;
 }
 
 // ---- several loops in one snapshot ---------------------------------------------------------------
@@ -1475,8 +1496,14 @@ class Named {
       l.optimizer();
     }
   Named(std::string name, Loop& loop)
-      : name_(std::move(name)), model_(&loop.model()), optimizer_(&loop.optimizer()),
+      : name_(std::move(name)), model_(&loop.model()),
+        optimizer_([&loop]() -> torch::optim::Optimizer& { return loop.optimizer(); }),
         access_([&loop] { return detail::loop_access(loop); }) {
+    if constexpr (requires(const StateDict& d) { loop.adopt_snapshot_choice(d); }) {
+      // level::Auto (train/autotune.hpp): its choice comes from the snapshot before anything loads.
+      adopt_ = [&loop](const StateDict& d) { loop.adopt_snapshot_choice(d); };
+      after_load_ = [&loop] { loop.after_snapshot_load(); };
+    }
     NITRO_CHECK(!name_.empty() && name_.size() <= 64 &&
                     std::all_of(name_.begin(), name_.end(),
                                 [](char ch) {
@@ -1488,15 +1515,21 @@ class Named {
   }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   [[nodiscard]] torch::nn::Module& model() const noexcept { return *model_; }
-  [[nodiscard]] torch::optim::Optimizer& optimizer() const noexcept { return *optimizer_; }
+  /// The optimizer the loop steps now (a level::Auto's can change when it adopts its choice).
+  [[nodiscard]] torch::optim::Optimizer& optimizer() const { return optimizer_(); }
   /// The loop as save and load see it, now.
   [[nodiscard]] detail::LoopAccess access() const { return access_(); }
+  /// level::Auto only: takes the choice its loop part records (before load); after load.
+  [[nodiscard]] const std::function<void(const StateDict&)>& adopt() const noexcept { return adopt_; }
+  [[nodiscard]] const std::function<void()>& after_load() const noexcept { return after_load_; }
 
  private:
   std::string name_;
   torch::nn::Module* model_;
-  torch::optim::Optimizer* optimizer_;
+  std::function<torch::optim::Optimizer&()> optimizer_;
   std::function<detail::LoopAccess()> access_;
+  std::function<void(const StateDict&)> adopt_;
+  std::function<void()> after_load_;
 };
 
 namespace detail {
@@ -1546,8 +1579,18 @@ inline void save(const std::filesystem::path& file, std::initializer_list<Named>
 inline Manifest load(const std::filesystem::path& file, std::span<const Named> loops, const Contents& contents = {}) {
   NITRO_CHECK(contents.model == nullptr && contents.optimizer == nullptr, "nitro::snapshot::load: ", file.string(),
               ": with several loops, Contents::model and ::optimizer must be null (each loop brings its own)");
+  bool adopts = false;
+  for (const auto& l : loops) adopts = adopts || static_cast<bool>(l.adopt());
+  if (adopts) {  // level::Auto loops: their choices first
+    Reader reader(file);
+    for (const auto& l : loops)
+      if (l.adopt()) l.adopt()(reader.read(l.name() + "/loop"));
+  }
   const detail::NamedUnits u("load", file, loops);
-  return detail::load(file, u.units, contents);
+  auto manifest = detail::load(file, u.units, contents);
+  for (const auto& l : loops)
+    if (l.after_load()) l.after_load()();
+  return manifest;
 }
 inline Manifest load(const std::filesystem::path& file, std::initializer_list<Named> loops, const Contents& contents = {}) {
   return load(file, std::span<const Named>(loops.begin(), loops.size()), contents);

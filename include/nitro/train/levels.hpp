@@ -53,12 +53,14 @@ struct with_policies<TrainingLoop<Policies...>, More...> {
 template <class Loop, class... More>
 using with = typename detail::with_policies<Loop, More...>::type;
 
-/// The hardware settings a level is meant to run with: none for Basic, Settings::fast() for the
-/// others (a loop with any AMP policy counts as Advanced or above).
+/// The hardware settings a level is meant to run with: the CPU heap kept for Basic
+/// (Settings::heap(): glibc's malloc thresholds fixed, so a step's freed memory is reused without
+/// page faults), Settings::fast() for the others (a loop with any AMP policy counts as Advanced or
+/// above): cuDNN autotuning, TF32, and the heap kept.
 template <class Loop>
 hw::Settings hardware() {
   if constexpr (std::is_same_v<typename Loop::amp_policy, amp::Off>) {
-    return {};
+    return hw::Settings::heap();
   } else {
     return hw::Settings::fast();
   }
