@@ -90,7 +90,7 @@ struct Settings {
   /// reused by the next instead of being given back to the kernel and faulted in again: about 2000
   /// page faults a step on bench/peers' MLP otherwise (what Lightning's imports avoid by accident).
   /// In [1 MiB, 1 GiB]. glibc cannot report the old values: like inter_op_threads, it stays set on
-  /// exit. Without glibc it does nothing.
+  /// exit. Without glibc's malloc (another libc, a sanitizer's allocator, jemalloc) it does nothing.
   std::optional<std::int64_t> cpu_heap_keep_bytes;
 
   /// cuDNN autotuning and TF32 on, and the CPU heap kept (cpu_heap_keep_bytes, 128 MiB).
@@ -299,11 +299,11 @@ class ScopedSettings {
     }
 #if defined(__GLIBC__)
     if (s.cpu_heap_keep_bytes) {
+      // A malloc that is not glibc's (a sanitizer's, jemalloc) refuses or ignores mallopt: nothing to keep.
       const auto keep = *s.cpu_heap_keep_bytes;
       const auto mmap_from = std::min<std::int64_t>(keep / 2, std::int64_t{32} << 20);
-      NITRO_CHECK(::mallopt(M_MMAP_THRESHOLD, static_cast<int>(mmap_from)) == 1 &&
-                      ::mallopt(M_TRIM_THRESHOLD, static_cast<int>(keep)) == 1,
-                  "hw::Settings: glibc refused cpu_heap_keep_bytes = ", keep, " (mallopt)");
+      (void)::mallopt(M_MMAP_THRESHOLD, static_cast<int>(mmap_from));
+      (void)::mallopt(M_TRIM_THRESHOLD, static_cast<int>(keep));
     }
 #endif
 #if defined(__linux__)
