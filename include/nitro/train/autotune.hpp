@@ -124,10 +124,11 @@ struct Options {
   /// Steps of each trial timed, each with the device synchronised (>= 1); the speed is their median.
   int timed_steps = 4;
   /// A trial whose median over its first `prune_after` timed steps is above `prune` times the best
-  /// median so far stops there (0 for prune_after: never).
+  /// median so far stops there, as does one whose last warm-up step is above 2 x prune times it
+  /// (0 for prune_after: never stop early).
   int prune_after = 2;
   double prune = 1.5;
-  /// Batches drawn from make_batch (>= 1), used in turn by every trial (copies: the same for all).
+  /// Batches drawn from make_batch (>= 1), once, then stepped in turn by every trial.
   int batches = 1;
   /// Channels-last: unset tries both when the model has 4-d parameters; true or false fixes it.
   std::optional<bool> channels_last;
@@ -614,6 +615,17 @@ std::string cache_key(torch::nn::Module& model, torch::optim::Optimizer& optimiz
   return k.str();
 }
 
+/// Whether loop type L accumulates a run-time number of micro-batches (the only kind split further).
+template <class L>
+inline constexpr bool splits_batches = std::is_same_v<typename L::accumulation_policy, accumulate::Dynamic>;
+
+/// L's options for a choice of `parts` micro-batches a batch: as many accumulation steps more.
+template <class L>
+typename L::Options with_micro_batches(typename L::Options options, std::int64_t parts) {
+  if constexpr (splits_batches<L>) options.accumulate.steps *= parts;
+  return options;
+}
+
 /// Steps a loop through a batch split into `parts` micro-batches (rows-weighted mean loss).
 template <class L, class Batch, class LossFn>
 StepResult step_parts(L& loop, const Batch& batch, LossFn&& loss_fn, std::int64_t parts) {
@@ -648,10 +660,16 @@ class Tuner {
   using LoopOptions = std::tuple<typename Cs::Options...>;
 
   static std::vector<std::string> names() { return {loop_name<Cs>()...}; }
+  /// Whether candidate i can split its batches (splits_batches).
+  static bool accumulates(std::size_t i) {
+    bool dynamic = false;
+    with_index<count>(i, [&]<std::size_t I>() { dynamic = splits_batches<std::tuple_element_t<I, std::tuple<Cs...>>>; });
+    return dynamic;
+  }
   static std::vector<std::string> types() { return {std::string(typeid(Cs).name())...}; }
 
   Tuner(const ModelRef& model, torch::optim::Optimizer& optimizer, const LoopOptions& loops, const Options& o)
-      : model_(model), optimizer_(optimizer), loops_(loops), o_(o) {
+      : model_(model), optimizer_(optimizer), loops_(loops), o_(o), names_(names()) {
     if (!o_.log) o_.log = default_log;
   }
 
@@ -660,7 +678,7 @@ class Tuner {
     validate(o_);
     const auto start = std::chrono::steady_clock::now();
     const Mode mode = mode_of(o_);
-    const auto list = names();
+    const auto& list = names_;
     Result r;
     if (mode == Mode::off) {
       r.choice = Choice{};
@@ -724,7 +742,7 @@ class Tuner {
   template <class Batch, class LossFn>
   void tune(const std::vector<Batch>& batches, LossFn& loss_fn, Result& r) {
     torch::nn::Module& model = *model_.module;
-    const auto list = names();
+    const auto& list = names_;
     const int threads_now = at::get_num_threads();
     const bool conv = has_conv_weights(model);
     const bool fusable = has_fused_version(optimizer_);
@@ -781,21 +799,13 @@ class Tuner {
     r.name = describe(list[r.choice.candidate], r.choice);
   }
 
-  bool accumulates(std::size_t i) const {
-    bool dynamic = false;
-    with_index<count>(i, [&]<std::size_t I>() {
-      using L = std::tuple_element_t<I, std::tuple<Cs...>>;
-      dynamic = std::is_same_v<typename L::accumulation_policy, accumulate::Dynamic>;
-    });
-    return dynamic;
-  }
 
   template <class Batch, class LossFn>
   Trial trial(const Choice& c, const std::vector<Batch>& batches, LossFn& loss_fn, memory::StateBackup& backup,
               double best_ms) {
     Trial t;
     t.choice = c;
-    const auto list = names();
+    const auto& list = names_;
     t.name = describe(list[c.candidate], c);
     with_index<count>(c.candidate, [&]<std::size_t I>() {
       using L = std::tuple_element_t<I, std::tuple<Cs...>>;
@@ -817,8 +827,7 @@ class Tuner {
     std::vector<at::Tensor> losses;
     std::int64_t samples_per_unit = rows_;
     try {
-      if constexpr (std::is_same_v<typename L::accumulation_policy, accumulate::Dynamic>)
-        options.accumulate.steps *= c.micro_batches;
+      options = with_micro_batches<L>(std::move(options), c.micro_batches);
       if (c.cpu_threads > 0) at::set_num_threads(c.cpu_threads);
       std::optional<hw::ScopedSettings> hardware;
       if (o_.hardware) hardware.emplace(level::hardware<L>());
@@ -913,6 +922,7 @@ class Tuner {
   Options o_;
   c10::Device device_{c10::kCPU};
   std::int64_t rows_ = 0;
+  std::vector<std::string> names_;  // the candidates' names, in order
 };
 
 template <class M>
@@ -1016,15 +1026,8 @@ class Auto {
     NITRO_CHECK(c.cpu_threads >= 0 && c.micro_batches >= 1, "level::Auto::adopt: cpu_threads must be >= 0 and "
                 "micro_batches >= 1, got ", c.cpu_threads, " and ", c.micro_batches);
     const auto list = Tuner::names();
-    if (c.micro_batches > 1) {
-      bool dynamic = false;
-      tune::detail::with_index<candidates>(c.candidate, [&]<std::size_t I>() {
-        dynamic = std::is_same_v<typename std::tuple_element_t<I, candidate_types>::accumulation_policy,
-                                 accumulate::Dynamic>;
-      });
-      NITRO_CHECK(dynamic, "level::Auto::adopt: micro_batches > 1 needs a candidate with accumulate::Dynamic; ",
-                  list[c.candidate], " has none");
-    }
+    NITRO_CHECK(c.micro_batches == 1 || Tuner::accumulates(c.candidate), "level::Auto::adopt: micro_batches > 1 "
+                "needs a candidate with accumulate::Dynamic; ", list[c.candidate], " has none");
     std::unique_ptr<torch::optim::Optimizer> fused;
     if (c.fused_optimizer) {
       fused = tune::detail::make_fused(*user_);
@@ -1044,10 +1047,8 @@ class Auto {
     if (fused_) seen_lr_ = tune::detail::learning_rates(*user_);
     torch::optim::Optimizer& opt = fused_ ? *fused_ : *user_;
     tune::detail::with_index<candidates>(c.candidate, [&]<std::size_t I>() {
-      auto options = std::get<I>(o_.loops);
       using L = std::tuple_element_t<I, candidate_types>;
-      if constexpr (std::is_same_v<typename L::accumulation_policy, accumulate::Dynamic>)
-        options.accumulate.steps *= c.micro_batches;
+      const auto options = tune::detail::with_micro_batches<L>(std::get<I>(o_.loops), c.micro_batches);
       if (model_.sequential) loop_.template emplace<I + 1>(*model_.sequential, opt, options);
       else loop_.template emplace<I + 1>(model_.module, opt, options);
     });
