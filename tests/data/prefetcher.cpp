@@ -821,8 +821,12 @@ TEST_CASE("gpu: Prefetcher<Auto> given a GPU delivers, staged in pinned memory a
   }
   CHECK(i == expected.size());
   CHECK(transform_stream.load() == p.copy_stream().id());  // the transform ran on the copy stream
-  // Staged in the pinned pool, whose buffers came back: ten batches through a window of four.
-  CHECK(p.pinned_pool().allocated() >= 1);
+  // Staged in the pinned pool, whose buffers came back: ten batches through a window of four. The
+  // allocation count is the process's: the reference prefetcher above left blocks of the same size in
+  // LibTorch's host cache, so this one may allocate none at all (it did on an H100), never more than
+  // its window.
+  CHECK(p.pinned_pool().staged() == expected.size());
+  CHECK(p.pinned_pool().allocated() <= 4);
   CHECK(p.pinned_pool().reused() > 0);
   // Unset, the device is the current GPU; the CPU given on the same machine copies nothing.
   CHECK(nitro::prefetch<nitro::Auto>(counted(0, [](int) { return at::Tensor(); })).device() == reference.device());
