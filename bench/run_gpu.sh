@@ -76,7 +76,7 @@ cat "$out/machine-$part.txt"
 step configure cmake --preset gpu -DNITRO_PYTHON="$python" || finish
 if [ "$part" = tests ]; then
   step build cmake --build --preset gpu -j "$(nproc)" --target test_core test_hw test_data test_train test_memory \
-    test_monitor test_io test_snapshot test_optim test_graph test_dist test_cache || finish
+    test_monitor test_io test_snapshot test_optim test_graph test_dist test_cache test_image || finish
   # One at a time: they share the one GPU, and several time what the device does. Bounded by what is
   # left of the call's budget, so the summary always prints.
   step tests timeout $(( ${budget:-560} - (SECONDS - start) )) ctest --preset gpu -L gpu --timeout 300

@@ -27,6 +27,7 @@ with_conan=0
 
 torch_version=$(tr -d ' \n' <"$here/torch-version")   # the one place the version is pinned
 conan_version=2.34.0
+torchvision_version=0.26.0  # the torchvision of torch 2.11
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/nitro
 venv=$cache/torch-$torch_version
 say() { echo "nitro deps: $*" >&2; }
@@ -103,6 +104,19 @@ if [ -z "$torch_prefix" ]; then
     "$venv/bin/python" -m pip install --disable-pip-version-check -q tensorboard >&2 ||
       say "note: pip install tensorboard failed; the TensorBoard read-back test will be skipped"
   fi
+  # The image tests and bench_images: Pillow (the reference decoder), scikit-image's sample photographs
+  # (only its data files are read: --no-deps) and torchvision's ImageFolder and DataLoader side (--no-deps,
+  # so it cannot replace this torch). Optional: without them those tests say so and skip.
+  if ((!print_prefix)) && ! "$venv/bin/python" -c "import PIL" 2>/dev/null; then
+    say "installing pillow into $venv (the reference for the image decoding tests)"
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q pillow >&2 ||
+      say "note: pip install pillow failed; the image tests that compare with Pillow will be skipped"
+  fi
+  if ((!print_prefix)) && ! "$venv/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('skimage') is None or u.find_spec('torchvision') is None)" 2>/dev/null; then
+    say "installing scikit-image and torchvision==$torchvision_version (--no-deps) into $venv (image tests, bench_images)"
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps scikit-image "torchvision==$torchvision_version" >&2 ||
+      say "note: pip install scikit-image torchvision failed; the tests that need them will be skipped"
+  fi
 fi
 
 if ((print_prefix)); then
@@ -115,7 +129,7 @@ if [ -n "$torch_python" ] && [ -x "$(dirname "$torch_python")/torchrun" ]; then
   say "torchrun: $(dirname "$torch_python")/torchrun"
 fi
 
-# ---- doctest, GSL, zlib -------------------------------------------------------------------------------
+# ---- doctest, GSL, zlib, TurboJPEG, libpng -------------------------------------------------------------------------------
 have_config() { # package config file name -> found in the usual prefixes?
   local roots=(/usr /usr/local)
   [ -n "${CMAKE_PREFIX_PATH:-}" ] && IFS=':;' read -ra extra <<<"$CMAKE_PREFIX_PATH" && roots+=("${extra[@]}")
@@ -129,6 +143,9 @@ have_config doctestConfig.cmake || missing+=(doctest-dev)
 have_config Microsoft.GSLConfig.cmake || missing+=(libmsgsl-dev)
 # zlib: the cache benchmarks and their tests read gzip traces (not needed by Nitro's headers).
 [ -e /usr/include/zlib.h ] || [ -e /usr/local/include/zlib.h ] || missing+=(zlib1g-dev)
+# TurboJPEG and libpng: nitro::image (include/nitro/data/image.hpp) decodes JPEG and PNG files with them.
+[ -e /usr/include/turbojpeg.h ] || [ -e /usr/local/include/turbojpeg.h ] || missing+=(libturbojpeg0-dev)
+[ -e /usr/include/png.h ] || [ -e /usr/local/include/png.h ] || missing+=(libpng-dev)
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "installing ${missing[*]} with apt-get"

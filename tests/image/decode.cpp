@@ -1,0 +1,2 @@
+// tests/image/decode.cpp: written by the issue-33 work (placeholder until then).
+#include "testing.hpp"
