@@ -233,9 +233,12 @@ class DatasetSource {
   }
 
   /// A new epoch: the sampler's epoch is set where it has one (ResumableSampler, torch's
-  /// DistributedSampler) and the sampler is reset (torch's RandomSampler draws a new order).
+  /// DistributedSampler) and the sampler is reset (torch's RandomSampler draws a new order). A data set
+  /// with set_epoch (data::ImageBatches: its random crops are keyed by the epoch) is told too; its
+  /// workers' copies share the epoch it holds.
   void set_epoch(std::int64_t epoch) {
     if constexpr (requires(Sampler& s) { s.set_epoch(epoch); }) sampler_.set_epoch(epoch);
+    if constexpr (requires(Dataset& d) { d.set_epoch(epoch); }) dataset_->set_epoch(epoch);
     sampler_.reset(dataset_->size());
   }
   /// The sampler's epoch, for a sampler that says (ResumableSampler).

@@ -1,0 +1,645 @@
+#pragma once
+// Folders of images as data sets, and the per-sample steps that make images of any size into one batch.
+// Link nitro::image (TurboJPEG and libpng; data/image.hpp).
+//
+//   nitro::data::ImageFolder train("imagenet/train");        // classes = sorted subfolders (torchvision's)
+//   nitro::data::YoloDataset coco("coco128");                // images/ and labels/ side by side (Ultralytics)
+//
+//   namespace sample = nitro::data::sample;
+//   auto batches = nitro::data::ImageBatches(train, sample::RandomResizedCrop{.height = 224, .width = 224},
+//                                            {.seed = 7});
+//   auto source = nitro::from_dataset(batches, nitro::data::ResumableSampler(train.size(), {.seed = 7}), 64);
+//   // each batch: a RecordBatch {data uint8 [64, 3, 224, 224], target int64 [64], index int64 [64]},
+//   // then the batched stages of data/augment.hpp (flip, jitter, normalise) on the workers or the GPU.
+//
+// ImageFolder: root/<class>/**/<file>, the classes the sorted names of root's subfolders and the files
+// in torchvision's order (each class's folder walked recursively, folders in sorted path order, files
+// sorted within each), with torchvision's extensions (IMG_EXTENSIONS, case-insensitive), so
+// class_to_idx() and the sample order equal torchvision.datasets.ImageFolder's. Nitro decodes JPEG and
+// PNG: another format listed there (.bmp, .webp, ...) is an error when read, naming the file, or a
+// skipped file (ImageBatchOptions::skip_bad).
+//
+// YoloDataset: the Ultralytics layout. Every JPEG or PNG under root/images (or under root, when root is
+// itself an images folder, e.g. coco/images/train2017), in sorted path order; each image's labels in
+// the file named by replacing the last "/images/" of its path with "/labels/" and its extension with
+// ".txt"; one box a line, `class cx cy w h`, the centre and size as fractions of the image (0..1).
+// A missing label file is an image with no boxes; a malformed line is a nitro::Error naming file:line.
+// Labels are read once, when the data set is made. Boxes come as data/augment.hpp's stages take them:
+// float [n, 5] rows (class, cx, cy, w, h).
+//
+// Per-sample geometry (namespace sample), each taking the encoded bytes to a fixed-size uint8 image:
+//   Resize             to height x width (the aspect not kept), antialiased bilinear
+//   ResizeCenterCrop   the shorter side to `resize`, then the centre height x width (validation)
+//   RandomResizedCrop  torchvision's crop (scale, ratio) drawn from the keyed generator of
+//                      data/augment.hpp (seed, epoch, the sample's index, stage `kStage`): the same
+//                      crop for a sample in any batch, on any worker, after a resume. Only the crop is
+//                      decoded at full resolution, and at a reduced JPEG scale when the crop is
+//                      at least twice the target (draft)
+//   Letterbox          YOLO's: the longer side to `size` keeping the aspect, centred on a size x size
+//                      canvas of grey 114; the boxes follow
+// With `draft` (default on) a JPEG is decoded at the largest reduction 1/2, 1/4, 1/8 that keeps what is
+// resized at least the output's size, as PIL's draft does: several times faster for photographs larger
+// than the output, and not the pixels of a full decode (resizing from a reduced decode is slightly
+// softer); `draft = false` decodes at full size.
+//
+// ImageBatches (classification; a RecordBatch) and DetectionBatches (YOLO; a DetectionBatch with one
+// boxes tensor per sample) are torch::data batch data sets over any source of encoded images: an
+// ImageFolder, a YoloDataset, or a packed file (data/packed.hpp). The source concept, EncodedImages:
+// size(), encoded(i) (bytes: a std::vector<std::uint8_t> or a span viewing a mapping), label(i),
+// name(i), and for detection boxes(i). get_batch decodes and resizes each sample on the calling worker
+// (from_dataset's N workers, or a data::Pipeline stage). set_epoch(e) (DatasetSource forwards its own)
+// keys the random crops; copies made for workers share the epoch and the skip counts.
+// skip_bad: a file that cannot be decoded (nitro::Error) is left out of its batch (which is then
+// smaller) and counted: skipped(), skipped_names(). Without it the error reaches the consumer.
+#include <nitro/core/error.hpp>
+#include <nitro/data/augment.hpp>
+#include <nitro/data/image.hpp>
+#include <nitro/data/record_file.hpp>
+
+#include <ATen/ATen.h>
+#include <torch/data/datasets/base.h>
+#include <torch/data/example.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <concepts>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace nitro::data {
+
+/// torchvision's IMG_EXTENSIONS (torchvision/datasets/folder.py).
+inline const std::vector<std::string>& torchvision_extensions() {
+  static const std::vector<std::string> e{".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"};
+  return e;
+}
+
+namespace detail::images {
+
+inline std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+inline bool has_extension(const std::string& name, const std::vector<std::string>& extensions) {
+  const auto l = lower(name);
+  for (const auto& e : extensions) {
+    const auto le = lower(e);
+    if (l.size() >= le.size() && l.compare(l.size() - le.size(), le.size(), le) == 0) return true;
+  }
+  return false;
+}
+inline bool is_dir(const std::filesystem::path& p) {
+  std::error_code ec;
+  return std::filesystem::is_directory(p, ec);  // follows symbolic links, as os.walk(followlinks=True)
+}
+/// Files under `dir` in sorted(os.walk(dir)) order: folders by their path string, files by name.
+inline void walk(const std::string& dir, const std::vector<std::string>& extensions, std::vector<std::string>& out) {
+  std::vector<std::string> dirs{dir};
+  for (std::size_t k = 0; k < dirs.size(); ++k) {
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(dirs[k], ec), end; !ec && it != end; it.increment(ec)) {
+      const auto name = it->path().filename().string();
+      if (is_dir(it->path())) dirs.push_back(dirs[k] + "/" + name);
+    }
+  }
+  std::sort(dirs.begin(), dirs.end());
+  for (const auto& d : dirs) {
+    std::vector<std::string> files;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(d, ec), end; !ec && it != end; it.increment(ec)) {
+      const auto name = it->path().filename().string();
+      if (!is_dir(it->path()) && has_extension(name, extensions)) files.push_back(name);
+    }
+    std::sort(files.begin(), files.end());
+    for (auto& f : files) out.push_back(d + "/" + f);
+  }
+}
+inline std::string trim_slash(std::string s) {
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
+}
+
+}  // namespace detail::images
+
+struct ImageFolderOptions {
+  /// Files with these endings (case-insensitive) are samples; torchvision's by default.
+  std::vector<std::string> extensions = torchvision_extensions();
+  /// Classes with no file are allowed (torchvision's allow_empty); by default they are an error.
+  bool allow_empty = false;
+  /// How get(i) decodes (ImageBatches decodes with its geometry's own options).
+  image::DecodeOptions decode = {};
+};
+
+/// root/<class>/**/<image>: torchvision.datasets.ImageFolder's classes and order.
+class ImageFolder : public torch::data::datasets::Dataset<ImageFolder> {
+ public:
+  explicit ImageFolder(const std::filesystem::path& root, ImageFolderOptions options = {})
+      : d_(std::make_shared<Data>()) {
+    d_->root = detail::images::trim_slash(root.string());
+    d_->options = std::move(options);
+    NITRO_CHECK(detail::images::is_dir(root), "data::ImageFolder: ", d_->root, " is not a folder; give root/<class>/<image> files");
+    std::vector<std::string> classes;
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec))
+      if (detail::images::is_dir(it->path())) classes.push_back(it->path().filename().string());
+    NITRO_CHECK(!ec, "data::ImageFolder: cannot list ", d_->root, ": ", ec.message());
+    std::sort(classes.begin(), classes.end());
+    NITRO_CHECK(!classes.empty(), "data::ImageFolder: ", d_->root, " has no class folder; give root/<class>/<image> files");
+    std::string empty;
+    for (std::size_t c = 0; c < classes.size(); ++c) {
+      d_->class_to_idx.emplace(classes[c], static_cast<std::int64_t>(c));
+      std::vector<std::string> files;
+      detail::images::walk(d_->root + "/" + classes[c], d_->options.extensions, files);
+      if (files.empty()) empty += (empty.empty() ? "" : ", ") + classes[c];
+      for (auto& f : files) {
+        d_->paths.push_back(std::move(f));
+        d_->labels.push_back(static_cast<std::int64_t>(c));
+      }
+    }
+    NITRO_CHECK(empty.empty() || d_->options.allow_empty, "data::ImageFolder: no image file (", d_->options.extensions.size(),
+                " extensions, torchvision's by default) for the classes ", empty, " in ", d_->root,
+                "; remove those folders or set ImageFolderOptions::allow_empty");
+    d_->classes = std::move(classes);
+  }
+
+  [[nodiscard]] const std::string& root() const noexcept { return d_->root; }
+  [[nodiscard]] const std::vector<std::string>& classes() const noexcept { return d_->classes; }
+  [[nodiscard]] const std::map<std::string, std::int64_t>& class_to_idx() const noexcept { return d_->class_to_idx; }
+  [[nodiscard]] std::optional<size_t> size() const override { return d_->paths.size(); }
+  /// The path of sample i (root + "/" + class + "/" + ..., as torchvision's samples[i][0]).
+  [[nodiscard]] const std::string& path(std::size_t i) const { return d_->paths.at(i); }
+  [[nodiscard]] const std::string& name(std::size_t i) const { return path(i); }
+  [[nodiscard]] std::int64_t label(std::size_t i) const { return d_->labels.at(i); }
+  /// The file's bytes, read now.
+  [[nodiscard]] std::vector<std::uint8_t> encoded(std::size_t i) const { return image::read_file(path(i)); }
+  /// The decoded image (uint8 [3, H, W] by default; ImageFolderOptions::decode) and its class.
+  torch::data::Example<> get(size_t i) override {
+    return {image::decode(encoded(i), d_->options.decode, path(i)), at::scalar_tensor(label(i), at::kLong)};
+  }
+
+ private:
+  struct Data {
+    std::string root;
+    ImageFolderOptions options;
+    std::vector<std::string> classes;
+    std::map<std::string, std::int64_t> class_to_idx;
+    std::vector<std::string> paths;
+    std::vector<std::int64_t> labels;
+  };
+  std::shared_ptr<Data> d_;  // copies (one per worker) share the list
+};
+
+struct YoloOptions {
+  /// The image files (case-insensitive endings): those Nitro decodes.
+  std::vector<std::string> extensions = {".jpg", ".jpeg", ".png"};
+  /// Each coordinate must lie in [0, 1] (Ultralytics refuses "non-normalized or out of bounds
+  /// coordinates"); false accepts any finite value.
+  bool check_normalised = true;
+};
+
+/// The Ultralytics layout: images/ and labels/ side by side, one `class cx cy w h` line per box.
+class YoloDataset {
+ public:
+  explicit YoloDataset(const std::filesystem::path& root, YoloOptions options = {}) : d_(std::make_shared<Data>()) {
+    auto r = detail::images::trim_slash(root.string());
+    NITRO_CHECK(detail::images::is_dir(root), "data::YoloDataset: ", r, " is not a folder; give the data set's folder "
+                "(with images/ and labels/) or one of its images/ folders");
+    const bool images_inside = r.find("/images/") != std::string::npos || r.ends_with("/images") || r == "images";
+    d_->root = images_inside ? r : r + "/images";
+    NITRO_CHECK(detail::images::is_dir(d_->root), "data::YoloDataset: ", r, " has no images/ folder; the Ultralytics layout is ",
+                r, "/images/<name>.jpg with ", r, "/labels/<name>.txt");
+    detail::images::walk(d_->root, options.extensions, d_->paths);
+    std::sort(d_->paths.begin(), d_->paths.end());  // Ultralytics sorts the full paths
+    NITRO_CHECK(!d_->paths.empty(), "data::YoloDataset: no image (", options.extensions.size(), " extensions: .jpg, .jpeg, .png) under ",
+                d_->root);
+    d_->first.reserve(d_->paths.size() + 1);
+    for (const auto& p : d_->paths) {
+      d_->first.push_back(static_cast<std::int64_t>(d_->rows.size() / 5));
+      read_labels(label_path(p), options);
+    }
+    d_->first.push_back(static_cast<std::int64_t>(d_->rows.size() / 5));
+  }
+
+  /// Where an image's labels are: the last "/images/" of its path made "/labels/", the extension ".txt".
+  [[nodiscard]] static std::string label_path(const std::string& image_path) {
+    std::string p = image_path;
+    const auto at = p.rfind("/images/");
+    if (at != std::string::npos) p.replace(at, 8, "/labels/");
+    else if (p.starts_with("images/")) p.replace(0, 7, "labels/");
+    const auto slash = p.rfind('/'), dot = p.rfind('.');
+    if (dot != std::string::npos && (slash == std::string::npos || dot > slash)) p.erase(dot);
+    return p + ".txt";
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return d_->paths.size(); }
+  [[nodiscard]] const std::string& path(std::size_t i) const { return d_->paths.at(i); }
+  [[nodiscard]] const std::string& name(std::size_t i) const { return path(i); }
+  [[nodiscard]] std::vector<std::uint8_t> encoded(std::size_t i) const { return image::read_file(path(i)); }
+  /// Detection has no one class per image: -1.
+  [[nodiscard]] std::int64_t label(std::size_t /*i*/) const noexcept { return -1; }
+  /// Sample i's boxes: float [n, 5] rows (class, cx, cy, w, h), n = 0 without a label file.
+  [[nodiscard]] at::Tensor boxes(std::size_t i) const {
+    NITRO_CHECK(i < size(), "data::YoloDataset: sample ", i, " of ", size());
+    const auto a = d_->first[i], b = d_->first[i + 1];
+    auto out = at::empty({b - a, 5}, at::kFloat);
+    std::copy(d_->rows.begin() + a * 5, d_->rows.begin() + b * 5, out.data_ptr<float>());
+    return out;
+  }
+  /// Boxes in all the label files.
+  [[nodiscard]] std::int64_t box_count() const noexcept { return static_cast<std::int64_t>(d_->rows.size() / 5); }
+  /// Images with no label file.
+  [[nodiscard]] std::int64_t unlabelled() const noexcept { return d_->missing; }
+
+ private:
+  struct Data {
+    std::string root;
+    std::vector<std::string> paths;
+    std::vector<float> rows;          // 5 per box, all images
+    std::vector<std::int64_t> first;  // image i's boxes are rows [first[i], first[i + 1])
+    std::int64_t missing = 0;
+  };
+
+  void read_labels(const std::string& file, const YoloOptions& o) {
+    std::ifstream in(file);
+    if (!in.is_open()) {
+      std::error_code ec;
+      NITRO_CHECK(!std::filesystem::exists(file, ec), "data::YoloDataset: ", file, " exists but cannot be read");
+      ++d_->missing;
+      return;
+    }
+    std::string line;
+    for (std::int64_t n = 1; std::getline(in, line); ++n) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      std::array<double, 6> v{};
+      int k = 0;
+      const char* p = line.data();
+      const char* end = p + line.size();
+      while (true) {
+        while (p < end && (*p == ' ' || *p == '\t')) ++p;
+        if (p == end) break;
+        NITRO_CHECK(k < 5, "data::YoloDataset: ", file, ":", n, ": more than 5 numbers; a line is `class cx cy w h` "
+                    "(polygon segments are not supported)");
+        const auto r = std::from_chars(p, end, v[static_cast<std::size_t>(k)]);
+        NITRO_CHECK(r.ec == std::errc() && (r.ptr == end || *r.ptr == ' ' || *r.ptr == '\t'), "data::YoloDataset: ", file, ":",
+                    n, ": '", line, "' is not numbers; a line is `class cx cy w h`");
+        p = r.ptr;
+        ++k;
+      }
+      if (k == 0) continue;  // a blank line
+      NITRO_CHECK(k == 5, "data::YoloDataset: ", file, ":", n, ": ", k, " numbers; a line is `class cx cy w h` (5)");
+      NITRO_CHECK(v[0] >= 0 && v[0] == std::floor(v[0]) && v[0] < 1e9, "data::YoloDataset: ", file, ":", n, ": the class ",
+                  v[0], " is not a whole number >= 0");
+      for (int j = 1; j < 5; ++j) {
+        NITRO_CHECK(std::isfinite(v[static_cast<std::size_t>(j)]), "data::YoloDataset: ", file, ":", n, ": a coordinate is not finite");
+        NITRO_CHECK(!o.check_normalised || (v[static_cast<std::size_t>(j)] >= 0 && v[static_cast<std::size_t>(j)] <= 1),
+                    "data::YoloDataset: ", file, ":", n, ": ", v[static_cast<std::size_t>(j)],
+                    " is outside [0, 1]; YOLO labels are fractions of the image (YoloOptions::check_normalised)");
+      }
+      for (int j = 0; j < 5; ++j) d_->rows.push_back(static_cast<float>(v[static_cast<std::size_t>(j)]));
+    }
+  }
+
+  std::shared_ptr<Data> d_;
+};
+
+/// What ImageBatches reads: encoded images with a label each and a name for messages.
+template <class S>
+concept EncodedImages = std::copy_constructible<S> && requires(const S& s, std::size_t i) {
+  { s.encoded(i) };
+  requires std::convertible_to<decltype(s.encoded(i)), std::span<const std::uint8_t>>;
+  { s.label(i) } -> std::convertible_to<std::int64_t>;
+  { s.name(i) } -> std::convertible_to<std::string>;
+};
+/// ... with boxes, for DetectionBatches.
+template <class S>
+concept EncodedDetections = EncodedImages<S> && requires(const S& s, std::size_t i) {
+  { s.boxes(i) } -> std::convertible_to<at::Tensor>;
+};
+
+namespace sample {
+
+/// The key of one sample's draws: data/augment.hpp's generator for (seed, epoch, index, stage).
+struct Key {
+  std::uint64_t seed = 0;
+  std::int64_t epoch = 0;
+  std::int64_t index = 0;
+};
+/// The stage number of the per-sample geometry's draws (after it, a batched augment::Compose numbers
+/// its stages 0, 1, ...; this one cannot collide with them).
+inline constexpr int kStage = 1 << 20;
+
+namespace detail {
+/// The decoded (part of the) image, resized to h x w into `out` ([3, h, w] uint8), antialiased bilinear.
+inline void resize_into(const at::Tensor& chw, const at::Tensor& out) {
+  if (chw.size(1) == out.size(1) && chw.size(2) == out.size(2)) {
+    out.copy_(chw);
+    return;
+  }
+  out.copy_(at::_upsample_bilinear2d_aa(chw.unsqueeze(0), {out.size(1), out.size(2)}, false).squeeze(0));
+}
+inline image::DecodeOptions decode_options(bool draft, bool fast, std::int64_t min_h, std::int64_t min_w) {
+  image::DecodeOptions o;
+  if (draft) o.min_height = min_h, o.min_width = min_w;
+  o.fast = fast;
+  return o;
+}
+}  // namespace detail
+
+/// To height x width, the aspect not kept.
+struct Resize {
+  std::int64_t height = 224;
+  std::int64_t width = 224;
+  bool draft = true;
+  bool fast = false;  ///< libjpeg-turbo's fast IDCT and upsampling
+
+  [[nodiscard]] std::array<std::int64_t, 2> output_size() const { return {height, width}; }
+  void validate() const {
+    NITRO_CHECK(height >= 1 && width >= 1, "data::sample::Resize: height and width must be >= 1; got ", height, " x ", width);
+  }
+  void operator()(std::span<const std::uint8_t> bytes, std::string_view name, const Key&, const at::Tensor& out,
+                  at::Tensor* = nullptr) const {
+    detail::resize_into(image::decode(bytes, detail::decode_options(draft, fast, height, width), name), out);
+  }
+};
+
+/// The shorter side to `resize` (torchvision's Resize(int)), then the centre height x width.
+struct ResizeCenterCrop {
+  std::int64_t resize = 256;
+  std::int64_t height = 224;
+  std::int64_t width = 224;
+  bool draft = true;
+  bool fast = false;
+
+  [[nodiscard]] std::array<std::int64_t, 2> output_size() const { return {height, width}; }
+  void validate() const {
+    NITRO_CHECK(resize >= 1 && height >= 1 && width >= 1 && height <= resize && width <= resize,
+                "data::sample::ResizeCenterCrop: needs 1 <= height, width <= resize; got resize ", resize, ", ", height, " x ", width);
+  }
+  void operator()(std::span<const std::uint8_t> bytes, std::string_view name, const Key&, const at::Tensor& out,
+                  at::Tensor* = nullptr) const {
+    const auto info = image::probe(bytes, name);
+    const double s = static_cast<double>(resize) / static_cast<double>(std::min(info.height, info.width));
+    // The full-size window that becomes the centre crop once the shorter side is `resize`.
+    const auto ch = std::min(info.height, static_cast<std::int64_t>(std::ceil(static_cast<double>(height) / s))),
+               cw = std::min(info.width, static_cast<std::int64_t>(std::ceil(static_cast<double>(width) / s)));
+    image::DecodeOptions o = detail::decode_options(draft, fast, height, width);
+    o.crop = image::Window{(info.height - ch) / 2, (info.width - cw) / 2, ch, cw};
+    detail::resize_into(image::decode(bytes, o, name), out);
+  }
+};
+
+/// torchvision's RandomResizedCrop drawn per sample from its key; only the crop is decoded.
+struct RandomResizedCrop {
+  std::int64_t height = 224;
+  std::int64_t width = 224;
+  double scale_min = 0.08, scale_max = 1.0;
+  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
+  bool draft = true;
+  bool fast = false;
+
+  [[nodiscard]] std::array<std::int64_t, 2> output_size() const { return {height, width}; }
+  void validate() const {
+    NITRO_CHECK(height >= 1 && width >= 1 && 0 < scale_min && scale_min <= scale_max && scale_max <= 1.0 && 0 < ratio_min &&
+                    ratio_min <= ratio_max,
+                "data::sample::RandomResizedCrop: needs height, width >= 1, 0 < scale_min <= scale_max <= 1, "
+                "0 < ratio_min <= ratio_max");
+  }
+  /// Sample `key`'s crop of an h x w image: top, left, height, width (the draw augment:: makes).
+  [[nodiscard]] std::array<std::int64_t, 4> crop(const Key& key, std::int64_t h, std::int64_t w) const {
+    data::augment::detail::Rng g(key.seed, key.epoch, key.index, kStage);
+    return as_augment().crop(g, h, w);
+  }
+  void operator()(std::span<const std::uint8_t> bytes, std::string_view name, const Key& key, const at::Tensor& out,
+                  at::Tensor* boxes = nullptr) const {
+    const auto info = image::probe(bytes, name);
+    const auto c = crop(key, info.height, info.width);
+    image::DecodeOptions o = detail::decode_options(draft, fast, height, width);
+    o.crop = image::Window{c[0], c[1], c[2], c[3]};
+    detail::resize_into(image::decode(bytes, o, name), out);
+    if (boxes != nullptr && boxes->size(0) > 0) *boxes = as_augment().crop_boxes({*boxes}, {c}, info.height, info.width)[0];
+  }
+
+ private:
+  [[nodiscard]] data::augment::RandomResizedCrop as_augment() const {
+    return {.height = height, .width = width, .scale_min = scale_min, .scale_max = scale_max, .ratio_min = ratio_min,
+            .ratio_max = ratio_max};
+  }
+};
+
+/// YOLO's letterbox: the longer side to `size` (only down unless scaleup), centred on a size x size
+/// canvas of `pad`; boxes (fractions of the image) become fractions of the canvas.
+struct Letterbox {
+  std::int64_t size = 640;
+  std::uint8_t pad = 114;
+  bool scaleup = true;
+  bool draft = true;
+  bool fast = false;
+
+  [[nodiscard]] std::array<std::int64_t, 2> output_size() const { return {size, size}; }
+  void validate() const { NITRO_CHECK(size >= 1, "data::sample::Letterbox: size must be >= 1; got ", size); }
+  /// Where an h x w image lands: its resized height and width and the top and left padding (Ultralytics'
+  /// LetterBox: r = min(size / h, size / w), the new size rounded, the padding split, round(d - 0.1)).
+  [[nodiscard]] std::array<std::int64_t, 4> placement(std::int64_t h, std::int64_t w) const {
+    double r = std::min(static_cast<double>(size) / static_cast<double>(h), static_cast<double>(size) / static_cast<double>(w));
+    if (!scaleup) r = std::min(r, 1.0);
+    const auto nh = std::max<std::int64_t>(1, std::llround(static_cast<double>(h) * r)),
+               nw = std::max<std::int64_t>(1, std::llround(static_cast<double>(w) * r));
+    const double dh = static_cast<double>(size - nh) / 2, dw = static_cast<double>(size - nw) / 2;
+    return {nh, nw, std::llround(dh - 0.1), std::llround(dw - 0.1)};
+  }
+  void operator()(std::span<const std::uint8_t> bytes, std::string_view name, const Key&, const at::Tensor& out,
+                  at::Tensor* boxes = nullptr) const {
+    const auto info = image::probe(bytes, name);
+    const auto [nh, nw, top, left] = placement(info.height, info.width);
+    out.fill_(pad);
+    detail::resize_into(image::decode(bytes, detail::decode_options(draft, fast, nh, nw), name),
+                        out.slice(1, top, top + nh).slice(2, left, left + nw));
+    if (boxes != nullptr && boxes->size(0) > 0) {
+      auto b = boxes->clone();
+      const double s = static_cast<double>(size);
+      b.select(1, 1).mul_(static_cast<double>(nw) / s).add_(static_cast<double>(left) / s);
+      b.select(1, 2).mul_(static_cast<double>(nh) / s).add_(static_cast<double>(top) / s);
+      b.select(1, 3).mul_(static_cast<double>(nw) / s);
+      b.select(1, 4).mul_(static_cast<double>(nh) / s);
+      *boxes = b;
+    }
+  }
+};
+
+}  // namespace sample
+
+/// A per-sample geometry: a fixed output size, and a call that fills one [3, h, w] uint8 slot.
+template <class G>
+concept SampleGeometry = std::copy_constructible<G> && requires(const G& g, std::span<const std::uint8_t> b,
+                                                                const sample::Key& k, const at::Tensor& out, at::Tensor* boxes) {
+  { g.output_size() } -> std::convertible_to<std::array<std::int64_t, 2>>;
+  g.validate();
+  g(b, std::string_view{}, k, out, boxes);
+};
+
+struct ImageBatchOptions {
+  /// The seed of the per-sample draws (the random crops).
+  std::uint64_t seed = 0;
+  /// Leave out, and count, samples whose file cannot be decoded, instead of failing the batch.
+  bool skip_bad = false;
+};
+
+/// A batch of detection samples: images uint8 [N, 3, h, w], one float [n_i, 5] boxes tensor each (as
+/// data/augment.hpp's Compose takes them), and the data-set indices.
+struct DetectionBatch {
+  at::Tensor data;
+  std::vector<at::Tensor> boxes;
+  at::Tensor index;
+  template <class F>
+  friend DetectionBatch nitro_map_tensors(const DetectionBatch& b, F&& f) {
+    std::vector<at::Tensor> boxes;
+    boxes.reserve(b.boxes.size());
+    for (const auto& t : b.boxes) boxes.push_back(f(t));
+    return {f(b.data), std::move(boxes), f(b.index)};
+  }
+};
+
+namespace detail::images {
+
+/// What ImageBatches and DetectionBatches share: the source, the geometry, the epoch, the skips.
+template <class Source, class Geometry>
+class Batcher {
+ public:
+  Batcher(Source source, Geometry geometry, ImageBatchOptions options)
+      : source_(std::move(source)), geometry_(std::move(geometry)), options_(options), shared_(std::make_shared<Shared>()) {
+    geometry_.validate();
+  }
+  /// The epoch the random crops are keyed by; copies (one per worker) share it.
+  void set_epoch(std::int64_t epoch) { shared_->epoch.store(epoch); }
+  [[nodiscard]] std::int64_t epoch() const { return shared_->epoch.load(); }
+  /// Samples left out (skip_bad) so far, by this data set and its copies.
+  [[nodiscard]] std::int64_t skipped() const { return shared_->skipped.load(); }
+  [[nodiscard]] std::vector<std::string> skipped_names() const {
+    std::lock_guard g(shared_->mutex);
+    return shared_->names;
+  }
+  [[nodiscard]] const Source& source() const noexcept { return source_; }
+  [[nodiscard]] const Geometry& geometry() const noexcept { return geometry_; }
+
+ protected:
+  /// Fills slot k of `images` (and, for detection, `boxes`) with sample i; false if it was skipped.
+  bool fill(std::size_t i, const at::Tensor& slot, at::Tensor* boxes) const {
+    try {
+      const auto bytes = source_.encoded(i);
+      const std::span<const std::uint8_t> view(bytes);
+      const sample::Key key{options_.seed, shared_->epoch.load(), static_cast<std::int64_t>(i)};
+      geometry_(view, source_.name(i), key, slot, boxes);
+      return true;
+    } catch (const nitro::Error& e) {
+      if (!options_.skip_bad) throw;
+      shared_->skipped.fetch_add(1);
+      std::lock_guard g(shared_->mutex);
+      if (shared_->names.size() < 1000) shared_->names.push_back(std::string(source_.name(i)));
+      return false;
+    }
+  }
+  [[nodiscard]] at::Tensor images(std::int64_t n) const {
+    const auto [h, w] = geometry_.output_size();
+    return at::empty({n, 3, h, w}, at::kByte);
+  }
+
+  Source source_;
+  Geometry geometry_;
+  ImageBatchOptions options_;
+
+ private:
+  struct Shared {
+    std::atomic<std::int64_t> epoch{0};
+    std::atomic<std::int64_t> skipped{0};
+    mutable std::mutex mutex;
+    std::vector<std::string> names;
+  };
+  std::shared_ptr<Shared> shared_;
+};
+
+inline std::size_t source_size(const auto& s) {
+  if constexpr (requires { s.size().value(); }) return s.size().value();
+  else return static_cast<std::size_t>(s.size());
+}
+
+}  // namespace detail::images
+
+/// Classification batches from encoded images: get_batch(indices) -> RecordBatch {data uint8
+/// [N, 3, h, w], target int64 [N], index int64 [N]} (N smaller when skip_bad left samples out).
+template <EncodedImages Source, SampleGeometry Geometry>
+class ImageBatches : public torch::data::datasets::BatchDataset<ImageBatches<Source, Geometry>, RecordBatch, std::vector<size_t>>,
+                     public detail::images::Batcher<Source, Geometry> {
+  using Base = detail::images::Batcher<Source, Geometry>;
+
+ public:
+  ImageBatches(Source source, Geometry geometry, ImageBatchOptions options = {})
+      : Base(std::move(source), std::move(geometry), options) {}
+
+  RecordBatch get_batch(std::vector<size_t> indices) override {
+    const auto n = static_cast<std::int64_t>(indices.size());
+    auto data = this->images(n);
+    auto target = at::empty({n}, at::kLong);
+    auto index = at::empty({n}, at::kLong);
+    auto* t = target.data_ptr<std::int64_t>();
+    auto* ix = index.data_ptr<std::int64_t>();
+    std::int64_t kept = 0;
+    for (const auto i : indices) {
+      NITRO_CHECK(i < detail::images::source_size(this->source_), "data::ImageBatches: index ", i, " of a data set of ",
+                  detail::images::source_size(this->source_));
+      if (!this->fill(i, data[kept], nullptr)) continue;
+      t[kept] = this->source_.label(i);
+      ix[kept] = static_cast<std::int64_t>(i);
+      ++kept;
+    }
+    if (kept < n) return {data.slice(0, 0, kept), target.slice(0, 0, kept), index.slice(0, 0, kept)};
+    return {std::move(data), std::move(target), std::move(index)};
+  }
+  [[nodiscard]] std::optional<size_t> size() const override { return detail::images::source_size(this->source_); }
+};
+
+/// Detection batches: get_batch(indices) -> DetectionBatch, each sample's boxes moved with its pixels.
+template <EncodedDetections Source, SampleGeometry Geometry>
+class DetectionBatches
+    : public torch::data::datasets::BatchDataset<DetectionBatches<Source, Geometry>, DetectionBatch, std::vector<size_t>>,
+      public detail::images::Batcher<Source, Geometry> {
+  using Base = detail::images::Batcher<Source, Geometry>;
+
+ public:
+  DetectionBatches(Source source, Geometry geometry, ImageBatchOptions options = {})
+      : Base(std::move(source), std::move(geometry), options) {}
+
+  DetectionBatch get_batch(std::vector<size_t> indices) override {
+    const auto n = static_cast<std::int64_t>(indices.size());
+    DetectionBatch b{this->images(n), {}, at::empty({n}, at::kLong)};
+    b.boxes.reserve(indices.size());
+    auto* ix = b.index.data_ptr<std::int64_t>();
+    std::int64_t kept = 0;
+    for (const auto i : indices) {
+      NITRO_CHECK(i < detail::images::source_size(this->source_), "data::DetectionBatches: index ", i, " of a data set of ",
+                  detail::images::source_size(this->source_));
+      at::Tensor boxes = this->source_.boxes(i);
+      if (!this->fill(i, b.data[kept], &boxes)) continue;
+      b.boxes.push_back(std::move(boxes));
+      ix[kept] = static_cast<std::int64_t>(i);
+      ++kept;
+    }
+    if (kept < n) b.data = b.data.slice(0, 0, kept), b.index = b.index.slice(0, 0, kept);
+    return b;
+  }
+  [[nodiscard]] std::optional<size_t> size() const override { return detail::images::source_size(this->source_); }
+};
+
+}  // namespace nitro::data
