@@ -2,6 +2,10 @@
 #include <nitro/nitro.hpp>
 
 #include <cstdio>
+#if NITRO_CONSUMER_IMAGE
+#include <ATen/ops/full.h>
+#include <nitro/data/image.hpp>
+#endif
 
 int main() {
   static_assert(NITRO_VERSION_MAJOR >= 0 && nitro::DeviceTag<nitro::Cuda>);
@@ -17,6 +21,13 @@ int main() {
   } catch (const nitro::Error&) {
   }
   if (!shapes_ok) return 1;
+#if NITRO_CONSUMER_IMAGE
+  // nitro::image: a JPEG written and read back.
+  const auto gray = at::full({1, 16, 24}, 77, at::kByte);
+  const auto back = nitro::image::decode(nitro::image::encode_jpeg(gray, {.quality = 100}));
+  if (back.sizes() != at::IntArrayRef{3, 16, 24} || (back.to(at::kInt) - 77).abs().max().item<int>() > 1) return 1;
+  std::printf("nitro consumer: nitro::image ok\n");
+#endif
   std::printf("nitro consumer ok: nitro %s, LibTorch %s, NITRO_WITH_CUDA=%d\n", nitro::version_string, TORCH_VERSION,
               NITRO_WITH_CUDA);
   return 0;
