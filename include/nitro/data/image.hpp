@@ -131,10 +131,21 @@ struct TjHandle {
   TjHandle(const TjHandle&) = delete;
   TjHandle& operator=(const TjHandle&) = delete;
 };
-inline tjhandle decompressor() {
+inline TjHandle& decompressor_handle() {
   thread_local TjHandle t(false);
+  return t;
+}
+inline tjhandle decompressor() {
+  const auto& t = decompressor_handle();
   NITRO_CHECK(t.h != nullptr, "image: TurboJPEG could not make a decompressor (", tjGetErrorStr2(nullptr), ")");
   return t.h;
+}
+/// A new decompressor for this thread: TurboJPEG 2's tjDecompressHeader3 returns on an error without
+/// aborting libjpeg, and every later file on that handle would fail ("Bogus marker length").
+inline void renew_decompressor() {
+  auto& t = decompressor_handle();
+  if (t.h != nullptr) tjDestroy(t.h);
+  t.h = tjInitDecompress();
 }
 inline tjhandle compressor() {
   thread_local TjHandle t(true);
@@ -257,7 +268,9 @@ inline int png_pixels(png_structp png, png_infop info, const PngHeader* h, png_b
   if (h->bit_depth == 16) png_set_strip_16(png);
   if (h->color_type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
   if (h->color_type == PNG_COLOR_TYPE_GRAY && h->bit_depth < 8) png_set_expand_gray_1_2_4_to_8(png);
-  if ((h->color_type & PNG_COLOR_MASK_ALPHA) != 0) png_set_strip_alpha(png);
+  // png_set_palette_to_rgb expands a palette's tRNS into alpha: strip that too.
+  if ((h->color_type & PNG_COLOR_MASK_ALPHA) != 0 || png_get_valid(png, info, PNG_INFO_tRNS) != 0)
+    png_set_strip_alpha(png);
   if (h->color_type == PNG_COLOR_TYPE_GRAY || h->color_type == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
   (void)png_set_interlace_handling(png);
   png_read_update_info(png, info);
@@ -294,9 +307,13 @@ inline Info jpeg_info(std::span<const std::uint8_t> bytes, std::string_view name
   int w = 0, h = 0, subsamp = 0, cs = 0;
   const auto handle = decompressor();
   NITRO_CHECK(bytes.size() <= 0xFFFFFFFFull, "image: ", who(name), ": a JPEG over 4 GiB is not supported");
-  if (tjDecompressHeader3(handle, bytes.data(), static_cast<unsigned long>(bytes.size()), &w, &h, &subsamp, &cs) != 0)
-    throw Error("image: " + who(name) + ": damaged or unsupported JPEG (libjpeg-turbo: " +
-                std::string(tjGetErrorStr2(handle)) + ")");
+  if (tjDecompressHeader3(handle, bytes.data(), static_cast<unsigned long>(bytes.size()), &w, &h, &subsamp, &cs) != 0) {
+    const std::string why = tjGetErrorStr2(handle);
+    renew_decompressor();
+    throw Error("image: " + who(name) + ": damaged or unsupported JPEG (libjpeg-turbo: " + why + ")");
+  }
+  // TurboJPEG 2 takes data that ends before the frame header (SOF) for a tables-only file: 0 x 0.
+  NITRO_CHECK(w > 0 && h > 0, "image: ", who(name), ": damaged or truncated JPEG (the data ends before the frame header)");
   if (colorspace != nullptr) *colorspace = cs;
   return {Format::jpeg, h, w, cs == TJCS_GRAY ? 1 : (cs == TJCS_CMYK || cs == TJCS_YCCK) ? 4 : 3};
 }
@@ -349,8 +366,10 @@ inline void decode_jpeg(std::span<const std::uint8_t> bytes, const Plan& p, int 
   if (tjDecompress2(handle, bytes.data(), static_cast<unsigned long>(bytes.size()), dst, static_cast<int>(sw), 0,
                     static_cast<int>(sh), cmyk ? TJPF_CMYK : TJPF_RGB, flags) != 0) {
     const bool warning = tjGetErrorCode(handle) == TJERR_WARNING;
+    const std::string why = tjGetErrorStr2(handle);
+    renew_decompressor();  // whatever state the failure left, the next file starts afresh
     throw Error("image: " + who(name) + ": " + (warning ? "truncated or corrupt JPEG data" : "JPEG decoding failed") +
-                " (libjpeg-turbo: " + std::string(tjGetErrorStr2(handle)) + ")");
+                " (libjpeg-turbo: " + why + ")");
   }
   if (direct) return;
   if (cmyk) {
@@ -493,7 +512,14 @@ struct JpegOptions {
                                                         : TJSAMP_420;
   unsigned char* buf = nullptr;
   unsigned long size = 0;
-  const auto handle = detail::compressor();
+  // TurboJPEG 2's progressive mode stays in the handle's scan script: the next baseline file written
+  // with it is corrupt ("bad Huffman code"). A progressive file gets a handle of its own.
+  std::optional<detail::TjHandle> own;
+  if (o.progressive) {
+    own.emplace(true);
+    NITRO_CHECK(own->h != nullptr, "image: TurboJPEG could not make a compressor (", tjGetErrorStr2(nullptr), ")");
+  }
+  const auto handle = o.progressive ? own->h : detail::compressor();
   const int flags = TJFLAG_ACCURATEDCT | (o.progressive ? TJFLAG_PROGRESSIVE : 0);
   if (tjCompress2(handle, hwc.data_ptr<std::uint8_t>(), static_cast<int>(w), 0, static_cast<int>(h),
                   c == 1 ? TJPF_GRAY : TJPF_RGB, &buf, &size, samp, o.quality, flags) != 0) {

@@ -455,8 +455,9 @@ struct Letterbox {
   [[nodiscard]] std::array<std::int64_t, 4> placement(std::int64_t h, std::int64_t w) const {
     double r = std::min(static_cast<double>(size) / static_cast<double>(h), static_cast<double>(size) / static_cast<double>(w));
     if (!scaleup) r = std::min(r, 1.0);
-    const auto nh = std::max<std::int64_t>(1, std::llround(static_cast<double>(h) * r)),
-               nw = std::max<std::int64_t>(1, std::llround(static_cast<double>(w) * r));
+    // Python's round (a tie to even), as Ultralytics' int(round(h * r)): 321 x 1280 at 640 is 160 rows, not 161.
+    const auto nh = std::max<std::int64_t>(1, data::augment::detail::round_half_even(static_cast<double>(h) * r)),
+               nw = std::max<std::int64_t>(1, data::augment::detail::round_half_even(static_cast<double>(w) * r));
     const double dh = static_cast<double>(size - nh) / 2, dw = static_cast<double>(size - nw) / 2;
     return {nh, nw, std::llround(dh - 0.1), std::llround(dw - 0.1)};
   }

@@ -215,7 +215,17 @@ class DatasetSource {
     sampler_.reset(dataset_->size());
   }
 
-  std::optional<ticket_type> claim() { return sampler_.next(batch_size_); }
+  std::optional<ticket_type> claim() {
+    // A data set keyed by the epoch (data::ImageBatches' random crops) follows the sampler's, which a
+    // resumed sampler may have moved past 0 where Prefetcher::set_epoch of that same epoch changes nothing.
+    if constexpr (requires(Dataset& d, const Sampler& s) {
+                    d.set_epoch(s.epoch());
+                    { std::as_const(d).epoch() } -> std::convertible_to<std::int64_t>;
+                  }) {
+      if (dataset_->epoch() != sampler_.epoch()) dataset_->set_epoch(sampler_.epoch());
+    }
+    return sampler_.next(batch_size_);
+  }
 
   /// The oldest claimed batch reached the consumer (the Prefetcher calls it; only for a sampler that
   /// tracks deliveries).
