@@ -8,16 +8,16 @@
 //       number after the last '_' in the name (img_000123_7.pt -> 7); every image must have the first
 //       one's shape; its dtype is kept
 //   nitro_pack --images DIR --out FILE [--resize N] [--quality Q] [--chunk C]
-//       an ImageFolder tree as torchvision's datasets.ImageFolder reads it: the classes are DIR's
+//       an ImageFolder tree as torchvision's datasets.ImageFolder reads it (data::ImageFolder): the classes are DIR's
 //       subfolders in sorted order (label = the class's index), and each class's files with one of
 //       torchvision's IMG_EXTENSIONS (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp, any case), found
 //       recursively (folder by folder, folders sorted by path, files sorted by name). Only JPEG and PNG
 //       are packed (what Nitro decodes): any other file with such an extension is an error naming it.
 //       Each record's name is the file's path relative to DIR.
 //   nitro_pack --yolo DIR --out FILE [--resize N] [--quality Q] [--chunk C]
-//       an Ultralytics detection set: every image under DIR/images (recursively, sorted by path; same
-//       extensions and rule), its boxes in DIR/labels/<the same relative path>.txt, a line
-//       `class cx cy w h` per box (normalised to [0, 1]; blank lines skipped). A missing label file
+//       an Ultralytics detection set as data::YoloDataset reads it: every .jpg, .jpeg and .png under
+//       DIR/images (recursively, sorted by path), its boxes in DIR/labels/<the same relative path>.txt, a
+//       line `class cx cy w h` per box (normalised to [0, 1]; blank lines skipped). A missing label file
 //       means no boxes; a malformed line is an error naming file:line. Names are relative to DIR/images.
 //   Without --resize and --quality the files' bytes are stored unchanged. With either, each image is
 //   decoded, its longer side brought down to N if larger (aspect kept; bilinear with antialiasing, as
@@ -28,6 +28,7 @@
 #include <nitro/data/synthetic.hpp>
 #if NITRO_IMAGE
 #include <nitro/data/image.hpp>
+#include <nitro/data/image_folder.hpp>
 #include <nitro/data/packed.hpp>
 
 #include <ATen/ops/_upsample_bilinear2d_aa.h>
@@ -36,8 +37,6 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
-#include <cctype>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -52,42 +51,6 @@ namespace fs = std::filesystem;
 
 #if NITRO_IMAGE
 namespace {
-
-// The directory scanning below mirrors torchvision's datasets.ImageFolder and Ultralytics' layout.
-// TODO(issue 33): use data::ImageFolder / data::YoloDataset's scanner (data/image_folder.hpp).
-
-/// torchvision's IMG_EXTENSIONS, compared with the lowered file name's end (as has_file_allowed_extension).
-bool image_extension(const std::string& filename) {
-  std::string lower = filename;
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  for (const char* e : {".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp"})
-    if (lower.ends_with(e)) return true;
-  return false;
-}
-
-/// Every file under `dir` with an image extension, as os.walk(dir, followlinks=True) finds them,
-/// in torchvision's order: folders sorted by their path (sorted(os.walk(...))), files by name.
-std::vector<fs::path> image_files(const fs::path& dir) {
-  std::vector<std::pair<std::string, std::vector<std::string>>> folders;
-  std::vector<fs::path> todo{dir};
-  while (!todo.empty()) {
-    const fs::path d = todo.back();
-    todo.pop_back();
-    std::vector<std::string> files;
-    for (const auto& e : fs::directory_iterator(d)) {
-      std::error_code ec;
-      if (e.is_directory(ec)) todo.push_back(e.path());  // follows links, as os.walk(followlinks=True)
-      else if (image_extension(e.path().filename().string())) files.push_back(e.path().filename().string());
-    }
-    std::sort(files.begin(), files.end());
-    folders.emplace_back(d.string(), std::move(files));
-  }
-  std::sort(folders.begin(), folders.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  std::vector<fs::path> out;
-  for (const auto& [folder, files] : folders)
-    for (const auto& f : files) out.push_back(fs::path(folder) / f);
-  return out;
-}
 
 struct Packing {
   int64_t resize = 0;   // 0: keep the size
@@ -121,43 +84,6 @@ std::vector<std::uint8_t> image_bytes(const fs::path& file, Packing& p) {
   }
   p.bytes_out += bytes.size();
   return bytes;
-}
-
-/// A YOLO label file's boxes, float [n, 5]; none if the file does not exist.
-at::Tensor yolo_boxes(const fs::path& file) {
-  std::vector<float> v;
-  std::error_code ec;
-  if (!fs::exists(file, ec)) return at::empty({0, 5}, at::kFloat);
-  std::ifstream in(file);
-  NITRO_CHECK(in.good(), "nitro_pack: ", file.string(), ": cannot open the label file");
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    std::vector<std::string> words;
-    for (size_t i = 0; i < line.size();) {
-      while (i < line.size() && std::isspace(static_cast<unsigned char>(line[i]))) ++i;
-      const size_t start = i;
-      while (i < line.size() && !std::isspace(static_cast<unsigned char>(line[i]))) ++i;
-      if (i > start) words.push_back(line.substr(start, i - start));
-    }
-    if (words.empty()) continue;
-    float row[5] = {};
-    bool ok = words.size() == 5;
-    for (size_t k = 0; ok && k < 5; ++k) {
-      const auto& word = words[k];
-      const auto r = std::from_chars(word.data(), word.data() + word.size(), row[k]);
-      ok = r.ec == std::errc() && r.ptr == word.data() + word.size() && std::isfinite(row[k]);
-    }
-    ok = ok && row[0] >= 0 && row[0] == std::floor(row[0]);
-    for (size_t k = 1; ok && k < 5; ++k) ok = row[k] >= 0 && row[k] <= 1;
-    NITRO_CHECK(ok, "nitro_pack: ", file.string(), ":", number,
-                ": expected 'class cx cy w h' (a whole class number >= 0 and four coordinates in [0, 1]), got '",
-                line, "'");
-    v.insert(v.end(), row, row + 5);
-  }
-  NITRO_CHECK(!in.bad(), "nitro_pack: ", file.string(), ": read failed");
-  auto boxes = at::empty({static_cast<int64_t>(v.size() / 5), 5}, at::kFloat);
-  if (!v.empty()) std::memcpy(boxes.data_ptr<float>(), v.data(), v.size() * sizeof(float));
-  return boxes;
 }
 
 void print_summary(const char* what, size_t n, const std::string& from, const Packing& p, const std::string& out) {
@@ -201,43 +127,23 @@ int main(int argc, char** argv) try {
     Packing p{.resize = resize, .quality = quality > 0 ? static_cast<int>(quality) : 90,
               .reencode = resize > 0 || quality > 0};
     if (!images.empty()) {
-      const fs::path root(images);
-      NITRO_CHECK(fs::is_directory(root), "nitro_pack: --images ", images, " is not a folder");
-      std::vector<std::string> classes;
-      for (const auto& e : fs::directory_iterator(root)) {
-        std::error_code ec;
-        if (e.is_directory(ec)) classes.push_back(e.path().filename().string());
-      }
-      std::sort(classes.begin(), classes.end());
-      NITRO_CHECK(!classes.empty(), "nitro_pack: no class folder in ", images,
-                  " (an ImageFolder tree holds one folder of images per class)");
-      std::vector<std::pair<fs::path, int64_t>> files;
-      for (size_t c = 0; c < classes.size(); ++c) {
-        const auto found = image_files(root / classes[c]);
-        NITRO_CHECK(!found.empty(), "nitro_pack: class folder ", (root / classes[c]).string(),
-                    " holds no image file (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp)");
-        for (const auto& f : found) files.emplace_back(f, static_cast<int64_t>(c));
-      }
+      const data::ImageFolder folder(images);  // torchvision's classes, order and extensions
+      const auto n = *folder.size();
+      const auto skip = folder.root().size() + 1;  // names relative to DIR
       data::PackedWriter w(out, {.chunk_records = chunk, .kind = data::PackedKind::classification});
-      for (const auto& [f, label] : files)
-        w.write(image_bytes(f, p), label, f.lexically_relative(root).generic_string());
+      for (size_t i = 0; i < n; ++i) w.write(image_bytes(folder.path(i), p), folder.label(i), folder.path(i).substr(skip));
       w.close();
-      print_summary((" in " + std::to_string(classes.size()) + " classes").c_str(), files.size(), images, p, out);
+      print_summary((" in " + std::to_string(folder.classes().size()) + " classes").c_str(), n, images, p, out);
     } else {
-      const fs::path root(yolo), image_root = root / "images", label_root = root / "labels";
-      NITRO_CHECK(fs::is_directory(image_root), "nitro_pack: --yolo ", yolo,
+      const fs::path root(yolo);
+      NITRO_CHECK(fs::is_directory(root / "images"), "nitro_pack: --yolo ", yolo,
                   " has no images/ folder (Ultralytics layout: DIR/images/..., DIR/labels/... .txt)");
-      auto files = image_files(image_root);
-      std::sort(files.begin(), files.end(), [](const fs::path& a, const fs::path& b) { return a.string() < b.string(); });
-      NITRO_CHECK(!files.empty(), "nitro_pack: no image file under ", image_root.string());
+      const data::YoloDataset set(root);  // labels read (and checked, file:line) first
+      const auto skip = (root / "images").string().size() + 1;  // names relative to DIR/images
       data::PackedWriter w(out, {.chunk_records = chunk, .kind = data::PackedKind::detection});
-      for (const auto& f : files) {
-        const fs::path rel = f.lexically_relative(image_root);
-        const auto boxes = yolo_boxes((label_root / rel).replace_extension(".txt"));
-        w.write(image_bytes(f, p), boxes, rel.generic_string());
-      }
+      for (size_t i = 0; i < set.size(); ++i) w.write(image_bytes(set.path(i), p), set.boxes(i), set.path(i).substr(skip));
       w.close();
-      print_summary("", files.size(), yolo, p, out);
+      print_summary("", set.size(), yolo, p, out);
     }
     return 0;
 #else
