@@ -91,7 +91,7 @@ elif [ "$part" = peers ]; then
     --out "$out/results-gpu.json" "$@"
 else
   benches=("$@")
-  [ ${#benches[@]} -gt 0 ] || benches=(bench_loop_overhead bench_checkpoint bench_monitor bench_batch_finder bench_prefetch bench_optimizer bench_graphs bench_pipeline)
+  [ ${#benches[@]} -gt 0 ] || benches=(bench_loop_overhead bench_checkpoint bench_monitor bench_batch_finder bench_prefetch bench_optimizer bench_graphs bench_pipeline bench_images)
   step build cmake --build --preset gpu -j "$(nproc)" --target "${benches[@]}" levels || finish
   # Each program gets at most what is left of the call's budget (`budget` s, default 560, under the
   # device's 600), so the call always ends with its summary rather than being cut off.

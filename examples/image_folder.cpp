@@ -3,8 +3,8 @@
 //   root/<class>/<image>.jpg (any size)
 //     -> data::ImageFolder (torchvision's classes and order)
 //     -> read: ImageBatches decodes each file and takes its random resized crop (per sample, keyed by
-//        (seed, epoch, index): the same after a resume), only the crop decoded, at a reduced JPEG
-//        scale when the crop is much larger than the output
+//        (seed, epoch, index): the same after a resume), the JPEG decoded at a reduced scale when
+//        the crop is at least twice the output's size
 //     -> augment: flip and normalise the batch at once (data/augment.hpp)
 //     -> Prefetcher (on a GPU: pinned staging and the copy stream) -> level::Basic's step
 //

@@ -91,11 +91,11 @@ at::Tensor aa(const at::Tensor& chw, std::int64_t h, std::int64_t w) {
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
-// The JPEG reduction (PIL's draft) for a window of ch x cw and an output of h x w, computed here:
-// the largest of 8, 4, 2 that keeps the reduced window at least the output, else 1.
+// The JPEG reduction (PIL's draft rule) for a window of ch x cw and an output of h x w, computed here:
+// the largest of 8, 4, 2 with the window at least s times the output each way, else 1.
 int draft_scale(std::int64_t ch, std::int64_t cw, std::int64_t h, std::int64_t w) {
   for (int s : {8, 4, 2})
-    if (ceil_div(ch, s) >= h && ceil_div(cw, s) >= w) return s;
+    if (ch >= s * h && cw >= s * w) return s;
   return 1;
 }
 
@@ -103,7 +103,7 @@ int draft_scale(std::int64_t ch, std::int64_t cw, std::int64_t h, std::int64_t w
 at::Tensor decode_at(const std::vector<std::uint8_t>& bytes, int s) {
   const auto info = img::probe(bytes);
   const auto sh = ceil_div(info.height, s), sw = ceil_div(info.width, s);
-  auto full = img::decode(bytes, {.min_height = s == 1 ? 0 : sh, .min_width = s == 1 ? 0 : sw});
+  auto full = img::decode(bytes, {.min_height = info.height / s, .min_width = info.width / s});
   REQUIRE(full.sizes() == c10::IntArrayRef({3, sh, sw}));
   return full;
 }
@@ -929,4 +929,54 @@ TEST_CASE("ImageBatches through from_dataset and a Prefetcher with 2 workers: tw
       }
     }
   }
+}
+
+// From the outside review: ResizeCenterCrop ignored a detection sample's boxes, which then no longer
+// matched the pixels.
+TEST_CASE("ResizeCenterCrop moves a detection sample's boxes into the centre window, and drops those left outside") {
+  // 100 x 400: the shorter side to 256 is x 2.56, so the centre 224 x 224 is the centre 88 x 88 of the
+  // image (ceil(224 / 2.56) = 88): rows 6..94, columns 156..244.
+  const auto bytes = img::encode_jpeg(pattern(100, 400, 3), {.quality = 95});
+  const sample::ResizeCenterCrop g{.resize = 256, .height = 224, .width = 224};
+  auto out = at::empty({3, 224, 224}, at::kByte);
+  // A box on the left band (x 0..50) is outside the window: dropped.
+  at::Tensor outside = torch::tensor({0.f, 0.0625f, 0.5f, 0.125f, 1.f}).view({1, 5});
+  g(bytes, "c", {}, out, &outside);
+  CHECK(outside.size(0) == 0);
+  // A centred box of 40 x 20 pixels: x 180..220, y 40..60 -> in the window 24..64 and 34..54 of 88.
+  at::Tensor centred = torch::tensor({5.f, 0.5f, 0.5f, 0.1f, 0.2f}).view({1, 5});
+  g(bytes, "c", {}, out, &centred);
+  REQUIRE(centred.size(0) == 1);
+  CHECK(torch::allclose(centred, torch::tensor({5.f, 0.5f, 0.5f, 40.f / 88, 20.f / 88}).view({1, 5}), 0, 1e-6));
+  // Through DetectionBatches as well.
+  struct One {
+    std::vector<std::uint8_t> b;
+    std::vector<std::uint8_t> encoded(std::size_t) const { return b; }
+    std::int64_t label(std::size_t) const { return -1; }
+    std::string name(std::size_t) const { return "one"; }
+    at::Tensor boxes(std::size_t) const { return torch::tensor({0.f, 0.0625f, 0.5f, 0.125f, 1.f, 5.f, 0.5f, 0.5f, 0.1f, 0.2f}).view({2, 5}); }
+    std::size_t size() const { return 1; }
+  };
+  data::DetectionBatches det(One{bytes}, g);
+  const auto b = det.get_batch({0});
+  REQUIRE(b.boxes.size() == 1);
+  CHECK(b.boxes[0].size(0) == 1);
+  CHECK(b.boxes[0][0][0].item<float>() == 5.f);
+}
+
+// From the outside review: a YOLO data set inside a folder that happens to be named images
+// (/data/images/coco) was taken for an images folder, and everything under it read as images.
+TEST_CASE("YoloDataset: a parent folder named images does not make the data set's root an images folder") {
+  TempDir dir;
+  const auto root = dir.path / "images" / "ds";
+  write_bytes(root / "images" / "a.jpg", jpeg(20, 30, 1));
+  write_text(root / "labels" / "a.txt", "2 0.5 0.5 0.25 0.25\n");
+  write_bytes(root / "previews" / "p.jpg", jpeg(20, 30, 2));  // not part of the data set
+  const data::YoloDataset set(root);
+  REQUIRE(set.size() == 1);
+  CHECK(set.path(0) == (root / "images" / "a.jpg").string());
+  CHECK(set.unlabelled() == 0);
+  CHECK(torch::equal(set.boxes(0), torch::tensor({2.f, 0.5f, 0.5f, 0.25f, 0.25f}).view({1, 5})));
+  // Its images folder named directly still works, and so does one under it.
+  CHECK(data::YoloDataset(root / "images").size() == 1);
 }

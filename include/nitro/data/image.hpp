@@ -5,8 +5,8 @@
 //   namespace img = nitro::image;
 //   at::Tensor x = img::read("photo.jpg");                            // uint8 [3, H, W], RGB
 //   at::Tensor y = img::decode(bytes, {.layout = img::Layout::hwc});  // [H, W, 3]
-//   // Reduced-size decoding (libjpeg's DCT scaling, as PIL's Image.draft): the largest reduction
-//   // 1/2, 1/4 or 1/8 that keeps the image (or the crop) at least 224 x 224. Several times faster.
+//   // Reduced-size decoding (libjpeg's DCT scaling, with PIL's Image.draft's rule): the largest
+//   // reduction 1/2, 1/4 or 1/8 that keeps the image (or the crop) at least 224 x 224. Several times faster.
 //   at::Tensor small = img::decode(bytes, {.min_height = 224, .min_width = 224});
 //   at::Tensor crop = img::decode(bytes, {.crop = img::Window{.top = 10, .left = 20, .height = 300, .width = 200},
 //                                         .min_height = 224, .min_width = 224});
@@ -85,8 +85,9 @@ struct DecodeOptions {
   /// the window at the decoded scale: rows floor(top / s) to ceil((top + height) / s), likewise columns.
   std::optional<Window> crop = std::nullopt;
   /// JPEG only (a PNG is decoded whole): decode at a reduced size, 1/2, 1/4 or 1/8 (libjpeg's DCT
-  /// scaling, as PIL's draft), the largest reduction that keeps the image, or the crop, at least
-  /// min_height x min_width. 0 and 0: full size.
+  /// scaling), the largest reduction s with the image, or the crop, at least s x min_height by
+  /// s x min_width: PIL's Image.draft's rule. 0 and 0: full size. The whole image is decoded at that
+  /// scale (TurboJPEG 2 has no partial decoding); a crop is then cut from it.
   std::int64_t min_height = 0;
   std::int64_t min_width = 0;
   /// Refuse images of more pixels than this (width x height, before any reduction): a small file can
@@ -152,17 +153,48 @@ inline tjhandle compressor() {
   NITRO_CHECK(t.h != nullptr, "image: TurboJPEG could not make a compressor (", tjGetErrorStr2(nullptr), ")");
   return t.h;
 }
-/// A per-thread buffer for what is decoded before it is rearranged (CHW, crops, CMYK).
-inline std::vector<std::uint8_t>& scratch(std::size_t bytes) {
-  thread_local std::vector<std::uint8_t> s;
-  if (s.size() < bytes) s.resize(bytes);
+/// A per-thread buffer for what is decoded before it is rearranged (CHW, crops, CMYK), lent for one
+/// decode: not zero-filled, and given back to the system after a decode that needed more than
+/// kScratchKeep bytes (one huge image, or a header that only claims one, must not pin its size for the
+/// thread's life).
+inline constexpr std::size_t kScratchKeep = std::size_t{64} << 20;
+struct Scratch {
+  std::unique_ptr<std::uint8_t[]> data;
+  std::size_t size = 0;
+};
+inline Scratch& scratch_slot() {
+  thread_local Scratch s;
   return s;
 }
+class ScratchLease {
+ public:
+  explicit ScratchLease(std::size_t bytes) {
+    auto& s = scratch_slot();
+    if (s.size < bytes) {
+      s.data.reset();
+      s.data.reset(new std::uint8_t[bytes]);  // default-initialised: no pages touched until written
+      s.size = bytes;
+    }
+    data_ = s.data.get();
+  }
+  ~ScratchLease() {
+    auto& s = scratch_slot();
+    if (s.size > kScratchKeep) s.data.reset(), s.size = 0;
+  }
+  ScratchLease(const ScratchLease&) = delete;
+  ScratchLease& operator=(const ScratchLease&) = delete;
+  [[nodiscard]] std::uint8_t* data() const noexcept { return data_; }
 
+ private:
+  std::uint8_t* data_ = nullptr;
+};
+
+/// The largest reduction 1/s (s = 8, 4, 2) with the image at least min_h x min_w at that scale, as
+/// PIL's Image.draft picks it: w >= s * min_w and h >= s * min_h.
 inline int reduction(std::int64_t h, std::int64_t w, std::int64_t min_h, std::int64_t min_w) {
   if (min_h <= 0 && min_w <= 0) return 1;
   for (int s : {8, 4, 2}) {
-    if ((h + s - 1) / s >= min_h && (w + s - 1) / s >= min_w) return s;
+    if (h >= s * min_h && w >= s * min_w) return s;
   }
   return 1;
 }
@@ -347,8 +379,10 @@ inline std::vector<std::int64_t> shape_of(const Window& w, Layout layout) {
 
 inline void check_out(const at::Tensor& out, const Plan& p, Layout layout, std::string_view name) {
   const auto want = shape_of(p.window, layout);
-  NITRO_CHECK(out.defined() && out.device().is_cpu() && out.scalar_type() == at::kByte && out.is_contiguous() &&
-                  out.sizes().vec() == want,
+  NITRO_CHECK(!out.defined() || out.is_contiguous(), "image: ", who(name),
+              ": decode_into needs a contiguous tensor (a row of a batch is; a slice of columns or a permuted "
+              "view is not); got strides ", out.strides());
+  NITRO_CHECK(out.defined() && out.device().is_cpu() && out.scalar_type() == at::kByte && out.sizes().vec() == want,
               "image: ", who(name), ": decode_into needs a contiguous uint8 CPU tensor of shape ", c10::IntArrayRef(want),
               "; got ", out.defined() ? out.sizes() : c10::IntArrayRef{}, " ",
               out.defined() ? std::string(c10::toString(out.scalar_type())) : std::string("(undefined)"));
@@ -362,7 +396,9 @@ inline void decode_jpeg(std::span<const std::uint8_t> bytes, const Plan& p, int 
   const auto sw = p.scaled_w, sh = p.scaled_h;
   const bool direct = !cmyk && o.layout == Layout::hwc && p.window.height == sh && p.window.width == sw;
   const std::size_t px = static_cast<std::size_t>(sh * sw);
-  std::uint8_t* dst = direct ? out.data_ptr<std::uint8_t>() : scratch(px * (cmyk ? 4 : 3)).data();
+  std::optional<ScratchLease> lease;
+  if (!direct) lease.emplace(px * (cmyk ? 4 : 3));
+  std::uint8_t* dst = direct ? out.data_ptr<std::uint8_t>() : lease->data();
   if (tjDecompress2(handle, bytes.data(), static_cast<unsigned long>(bytes.size()), dst, static_cast<int>(sw), 0,
                     static_cast<int>(sh), cmyk ? TJPF_CMYK : TJPF_RGB, flags) != 0) {
     const bool warning = tjGetErrorCode(handle) == TJERR_WARNING;
@@ -396,7 +432,9 @@ inline void decode_png(std::span<const std::uint8_t> bytes, const Plan& p, const
   const auto w = p.scaled_w, hh = p.scaled_h;
   const bool direct = o.layout == Layout::hwc && p.window.height == hh && p.window.width == w;
   const std::size_t row = static_cast<std::size_t>(w) * 3;
-  std::uint8_t* dst = direct ? out.data_ptr<std::uint8_t>() : scratch(row * static_cast<std::size_t>(hh)).data();
+  std::optional<ScratchLease> lease;
+  if (!direct) lease.emplace(row * static_cast<std::size_t>(hh));
+  std::uint8_t* dst = direct ? out.data_ptr<std::uint8_t>() : lease->data();
   std::vector<png_bytep> rows(static_cast<std::size_t>(hh));
   for (std::int64_t y = 0; y < hh; ++y) rows[static_cast<std::size_t>(y)] = dst + static_cast<std::size_t>(y) * row;
   NITRO_CHECK(png_pixels(g.png, g.info, &h, rows.data(), row) == 0, "image: ", who(name),

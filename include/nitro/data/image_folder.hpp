@@ -32,9 +32,10 @@
 //   ResizeCenterCrop   the shorter side to `resize`, then the centre height x width (validation)
 //   RandomResizedCrop  torchvision's crop (scale, ratio) drawn from the keyed generator of
 //                      data/augment.hpp (seed, epoch, the sample's index, stage `kStage`): the same
-//                      crop for a sample in any batch, on any worker, after a resume. Only the crop is
-//                      decoded at full resolution, and at a reduced JPEG scale when the crop is
-//                      at least twice the target (draft)
+//                      crop for a sample in any batch, on any worker, after a resume. The crop's size
+//                      picks the JPEG reduction (draft): a crop at least twice the output is decoded
+//                      from the image at 1/2 (or 1/4, 1/8), then cut and resized. (The whole image is
+//                      decoded at that scale: TurboJPEG 2 has no partial decoding.)
 //   Letterbox          YOLO's: the longer side to `size` keeping the aspect, centred on a size x size
 //                      canvas of grey 114; the boxes follow
 // With `draft` (default on) a JPEG is decoded at the largest reduction 1/2, 1/4, 1/8 that keeps what is
@@ -217,7 +218,11 @@ class YoloDataset {
     auto r = detail::images::trim_slash(root.string());
     NITRO_CHECK(detail::images::is_dir(root), "data::YoloDataset: ", r, " is not a folder; give the data set's folder "
                 "(with images/ and labels/) or one of its images/ folders");
-    const bool images_inside = r.find("/images/") != std::string::npos || r.ends_with("/images") || r == "images";
+    // root is an images folder (coco/images, coco/images/train2017) unless it holds one: a parent folder
+    // that happens to be named images (/data/images/coco) does not count.
+    const bool images_inside = std::filesystem::path(r).filename() == "images" ||
+                               (!detail::images::is_dir(r + "/images") &&
+                                (r.find("/images/") != std::string::npos || r.starts_with("images/")));
     d_->root = images_inside ? r : r + "/images";
     NITRO_CHECK(detail::images::is_dir(d_->root), "data::YoloDataset: ", r, " has no images/ folder; the Ultralytics layout is ",
                 r, "/images/<name>.jpg with ", r, "/labels/<name>.txt");
@@ -348,6 +353,12 @@ inline void resize_into(const at::Tensor& chw, const at::Tensor& out) {
     out.copy_(chw);
     return;
   }
+  if (out.is_contiguous()) {  // a batch's slot: written in place
+    auto into = out.unsqueeze(0);
+    at::_upsample_bilinear2d_aa_out(into, chw.unsqueeze(0), {out.size(1), out.size(2)}, false);
+    return;
+  }
+  // A window of the slot (Letterbox's): the uint8 kernel would write it as if it were contiguous.
   out.copy_(at::_upsample_bilinear2d_aa(chw.unsqueeze(0), {out.size(1), out.size(2)}, false).squeeze(0));
 }
 inline image::DecodeOptions decode_options(bool draft, bool fast, std::int64_t min_h, std::int64_t min_w) {
@@ -389,7 +400,7 @@ struct ResizeCenterCrop {
                 "data::sample::ResizeCenterCrop: needs 1 <= height, width <= resize; got resize ", resize, ", ", height, " x ", width);
   }
   void operator()(std::span<const std::uint8_t> bytes, std::string_view name, const Key&, const at::Tensor& out,
-                  at::Tensor* = nullptr) const {
+                  at::Tensor* boxes = nullptr) const {
     const auto info = image::probe(bytes, name);
     const double s = static_cast<double>(resize) / static_cast<double>(std::min(info.height, info.width));
     // The full-size window that becomes the centre crop once the shorter side is `resize`.
@@ -398,10 +409,13 @@ struct ResizeCenterCrop {
     image::DecodeOptions o = detail::decode_options(draft, fast, height, width);
     o.crop = image::Window{(info.height - ch) / 2, (info.width - cw) / 2, ch, cw};
     detail::resize_into(image::decode(bytes, o, name), out);
+    if (boxes != nullptr && boxes->size(0) > 0)  // the window maps linearly onto the output, as a crop's
+      *boxes = data::augment::RandomResizedCrop{.height = height, .width = width}
+                   .crop_boxes({*boxes}, {{o.crop->top, o.crop->left, ch, cw}}, info.height, info.width)[0];
   }
 };
 
-/// torchvision's RandomResizedCrop drawn per sample from its key; only the crop is decoded.
+/// torchvision's RandomResizedCrop drawn per sample from its key; the crop picks the JPEG reduction.
 struct RandomResizedCrop {
   std::int64_t height = 224;
   std::int64_t width = 224;
