@@ -180,6 +180,24 @@ TEST_CASE("augment::Compose: uint8 in, normalised crops out, the same per (seed,
                        doctest::Contains("one value per channel"), nitro::Error);
 }
 
+TEST_CASE("augment: Normalize of uint8 images is ToFloat then Normalize in one pass, to a float rounding") {
+  const auto u8 = torch::randint(0, 256, {4, 3, 9, 11}, torch::TensorOptions().dtype(torch::kUInt8));
+  const aug::Normalize n{.mean = {0.485, 0.456, 0.406}, .std = {0.229, 0.224, 0.225}};
+  const auto k = keys({0, 1, 2, 3});
+  const auto two = n(aug::ToFloat{}(u8, k, 0), k, 1);
+  for (const auto& x : {u8, u8.permute({0, 2, 3, 1}).contiguous().permute({0, 3, 1, 2})}) {  // contiguous, channels-last
+    const auto one = n(x, k, 0);
+    CHECK(one.scalar_type() == torch::kFloat);
+    CHECK(one.sizes() == u8.sizes());
+    CHECK((one - two).abs().max().item<double>() < 2e-6);
+  }
+  // The values by hand: 255 in channel 0 is (1 - 0.485) / 0.229.
+  const auto white = torch::full({1, 3, 1, 1}, 255, torch::TensorOptions().dtype(torch::kUInt8));
+  CHECK(n(white, keys({0}), 0)[0][0][0][0].item<double>() == doctest::Approx((1 - 0.485) / 0.229).epsilon(1e-6));
+  CHECK_THROWS_WITH_AS((aug::Normalize{}(u8.to(torch::kShort), k, 0)), doctest::Contains("expected floating images"),
+                       nitro::Error);
+}
+
 TEST_CASE("augment: a hue shift turns the colour wheel (red to yellow, green or back), as torchvision's adjust_hue") {
   // Pure red, pure green, a grey, and a mid orange, as one 2x2 image.
   auto img = torch::tensor({1.0f, 0.0f, 0.5f, 1.0f,    // R

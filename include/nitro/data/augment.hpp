@@ -180,21 +180,52 @@ struct ToFloat {
 };
 static_assert(KeepsGeometry<ToFloat>);
 
-/// (x - mean) / std per channel.
+/// (x - mean) / std per channel. Given uint8 images it is ToFloat and Normalize in one pass over the
+/// pixels (x / 255 - mean) / std, computed as x * (1 / (255 std)) - mean / std in float (equal to the two
+/// stages to a float rounding or two), into float32: on the CPU that is one pass where the two stages
+/// make four.
 struct Normalize {
   static constexpr bool geometric = false;
   std::vector<double> mean{0.485, 0.456, 0.406};
   std::vector<double> std{0.229, 0.224, 0.225};
   at::Tensor operator()(const at::Tensor& x, const Keys&, int) const {
-    detail::check_images(x, "Normalize", true);
+    detail::check_images(x, "Normalize", x.scalar_type() != at::kByte);
     NITRO_CHECK(static_cast<int64_t>(mean.size()) == x.size(1) && mean.size() == std.size(),
                 "data::augment::Normalize: mean and std need one value per channel (", x.size(1), "), got ",
                 mean.size(), " and ", std.size());
     for (double s : std) NITRO_CHECK(s > 0, "data::augment::Normalize: std must be > 0");
+    if (x.scalar_type() == at::kByte) return from_uint8(x);
     const auto o = at::TensorOptions().dtype(at::kDouble);
     const auto m = at::tensor(mean, o).to(x.device(), x.scalar_type()).view({1, -1, 1, 1});
     const auto s = at::tensor(std, o).to(x.device(), x.scalar_type()).view({1, -1, 1, 1});
     return (x - m) / s;
+  }
+
+ private:
+  at::Tensor from_uint8(const at::Tensor& x) const {
+    const auto C = x.size(1);
+    std::vector<float> scale(static_cast<size_t>(C)), bias(static_cast<size_t>(C));
+    for (int64_t c = 0; c < C; ++c) {
+      scale[static_cast<size_t>(c)] = static_cast<float>(1.0 / (255.0 * std[static_cast<size_t>(c)]));
+      bias[static_cast<size_t>(c)] = static_cast<float>(-mean[static_cast<size_t>(c)] / std[static_cast<size_t>(c)]);
+    }
+    if (!x.device().is_cpu() || !x.is_contiguous()) {  // elsewhere: two kernels
+      const auto o = at::TensorOptions().dtype(at::kFloat);
+      const auto a = at::tensor(scale, o).to(x.device()).view({1, -1, 1, 1});
+      const auto b = at::tensor(bias, o).to(x.device()).view({1, -1, 1, 1});
+      return at::addcmul(b, x.to(at::kFloat), a);
+    }
+    auto out = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+    const auto* in = x.data_ptr<uint8_t>();
+    auto* o = out.data_ptr<float>();
+    const int64_t plane = x.size(2) * x.size(3), planes = x.size(0) * C;
+    for (int64_t k = 0; k < planes; ++k) {
+      const float a = scale[static_cast<size_t>(k % C)], b = bias[static_cast<size_t>(k % C)];
+      const uint8_t* src = in + k * plane;
+      float* dst = o + k * plane;
+      for (int64_t i = 0; i < plane; ++i) dst[i] = static_cast<float>(src[i]) * a + b;
+    }
+    return out;
   }
 };
 static_assert(KeepsGeometry<Normalize>);
@@ -224,6 +255,15 @@ struct HFlip {
     return out;
   }
   static at::Tensor flip(const at::Tensor& x, const std::vector<uint8_t>& flips) {
+    if (x.device().is_cpu()) {  // one pass: each sample copied, mirrored or not (no whole flipped batch, no where)
+      auto out = at::empty(x.sizes(), x.options());
+      for (int64_t i = 0; i < x.size(0); ++i) {
+        auto o = out[i];
+        if (flips[static_cast<size_t>(i)]) at::flip_out(o, x[i], {2});
+        else o.copy_(x[i]);
+      }
+      return out;
+    }
     const auto mask = at::tensor(std::vector<int64_t>(flips.begin(), flips.end()), at::TensorOptions().dtype(at::kLong))
                           .to(x.device(), at::kBool)
                           .view({x.size(0), 1, 1, 1});
