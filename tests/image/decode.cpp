@@ -2,6 +2,7 @@
 // files and Pillow's `convert("RGB")` of them, or its `draft` at 1/2, 1/4, 1/8), crops, decode_into, and
 // every way a file or an option can be wrong (a nitro::Error naming the file and the cause, no abort).
 #include "testing.hpp"
+#include "image/image_testing.hpp"
 
 #include <nitro/data/image.hpp>
 
@@ -46,18 +47,8 @@ void write_all(const fs::path& path, const Bytes& bytes) {
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
-/// The message of the nitro::Error that `f` throws; "(no error)" or "(not a nitro::Error: ...)" otherwise.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const nitro::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("(not a nitro::Error: ") + e.what() + ")";
-  }
-  return "(no error)";
-}
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using nitro::test::error_of;
+using nitro::test::has;
 
 /// error_of on a thread of its own, with TurboJPEG handles of its own: what a file does to the thread's
 /// decompressor (see "a damaged JPEG header leaves the thread's decompressor usable") stays there.

@@ -13,6 +13,7 @@
 // Errors are provoked on threads of their own: after TurboJPEG (2.1.5) refuses a header, the next header
 // read on the same thread's instance (image.hpp keeps one per thread) reports 0x0 pixels once.
 #include "testing.hpp"
+#include "image/image_testing.hpp"
 
 #include <nitro/data/nvjpeg.hpp>
 
@@ -41,17 +42,8 @@ namespace {
 constexpr double max_diff = 12.0;  // any one sample, 0..255 (libjpeg-turbo's fast decode: up to 9 here)
 constexpr double mean_diff = 2.0;  // over all samples of an image (fast decode: 1.1 to 1.6; torchvision: < 2)
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const nitro::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("(not a nitro::Error: ") + e.what() + ")";
-  }
-  return "(no error)";
-}
-bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using nitro::test::error_of;
+using nitro::test::has;
 
 /// A [3, h, w] uint8 image: smooth colour waves (which chroma subsampling and its upsampling see) and a
 /// fixed pseudo-random texture of +-12 (which the IDCTs see).

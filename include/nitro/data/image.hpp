@@ -248,17 +248,23 @@ inline void place(const std::uint8_t* src, std::int64_t sw, const Window& win, c
     return;
   }
   const auto plane = h * w;
-  for (std::int64_t y = 0; y < h; ++y) {
-    const std::uint8_t* row = src + ((win.top + y) * sw + win.left) * 3;
-    std::uint8_t* r = dst + y * w;
-    std::uint8_t* g = r + plane;
-    std::uint8_t* b = g + plane;
-    for (std::int64_t x = 0; x < w; ++x) {
-      r[x] = row[3 * x];
-      g[x] = row[3 * x + 1];
-      b[x] = row[3 * x + 2];
+  // The whole image is one run of pixels; a window, one run a row. Unaliased pointers let the compiler
+  // vectorise the de-interleaving (about twice as fast as without).
+  const bool whole = win.left == 0 && w == sw;
+  const auto deinterleave = [](const std::uint8_t* __restrict in, std::uint8_t* __restrict r, std::uint8_t* __restrict g,
+                               std::uint8_t* __restrict b, std::int64_t n) {
+    for (std::int64_t x = 0; x < n; ++x) {
+      r[x] = in[3 * x];
+      g[x] = in[3 * x + 1];
+      b[x] = in[3 * x + 2];
     }
+  };
+  if (whole) {
+    deinterleave(src + win.top * sw * 3, dst, dst + plane, dst + 2 * plane, plane);
+    return;
   }
+  for (std::int64_t y = 0; y < h; ++y)
+    deinterleave(src + ((win.top + y) * sw + win.left) * 3, dst + y * w, dst + plane + y * w, dst + 2 * plane + y * w, w);
 }
 
 // ---- PNG: libpng reports errors by longjmp; the two functions that call into it hold no C++ object.
