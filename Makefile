@@ -56,7 +56,7 @@ bench:
 	cmake --build --preset release -j $(JOBS) --target nitro_benchmarks
 	@for b in build-release/bench/bench_*; do [ -x "$$b" ] && "$$b"; done; true
 
-ASAN_AREAS := core hw data train memory monitor io snapshot optim graph cache image
+ASAN_AREAS := core hw data train memory monitor io snapshot optim graph cache
 TSAN_AREAS := data cache io snapshot
 space := $(empty) $(empty)
 sanitize:

@@ -219,12 +219,12 @@ struct Normalize {
     const auto* in = x.data_ptr<uint8_t>();
     auto* o = out.data_ptr<float>();
     const int64_t plane = x.size(2) * x.size(3), planes = x.size(0) * C;
-    for (int64_t k = 0; k < planes; ++k) {
-      const float a = scale[static_cast<size_t>(k % C)], b = bias[static_cast<size_t>(k % C)];
-      const uint8_t* src = in + k * plane;
-      float* dst = o + k * plane;
+    // Unaliased pointers: a uint8 pointer may alias anything, and without them the loop is not vectorised.
+    const auto run = [plane](const uint8_t* __restrict src, float* __restrict dst, float a, float b) {
       for (int64_t i = 0; i < plane; ++i) dst[i] = static_cast<float>(src[i]) * a + b;
-    }
+    };
+    for (int64_t k = 0; k < planes; ++k)
+      run(in + k * plane, o + k * plane, scale[static_cast<size_t>(k % C)], bias[static_cast<size_t>(k % C)]);
     return out;
   }
 };
