@@ -621,13 +621,14 @@ class Compose {
     const int64_t n = batch.size(0), slice = slice_of(batch);
     if (slice >= n) return apply(std::move(batch), keys, std::index_sequence_for<Stages...>{});
     check_keys(keys, n);
-    std::vector<at::Tensor> parts;
+    at::Tensor out;
     for (int64_t i = 0; i < n; i += slice) {
       const int64_t j = std::min(n, i + slice);
-      parts.push_back(apply(batch.slice(0, i, j), {keys.seed, keys.epoch, keys.index.slice(0, i, j)},
-                            std::index_sequence_for<Stages...>{}));
+      place(out, apply(batch.slice(0, i, j), {keys.seed, keys.epoch, keys.index.slice(0, i, j)},
+                       std::index_sequence_for<Stages...>{}),
+            i, n);
     }
-    return at::cat(parts);
+    return out;
   }
 
   /// Images and their YOLO boxes (see Boxes): the geometric stages move each sample's boxes with the
@@ -640,17 +641,17 @@ class Compose {
     detail::check_boxes(boxes, n, "Compose");
     if (slice >= n) return apply(std::move(batch), boxes, keys, std::index_sequence_for<Stages...>{});
     check_keys(keys, n);
-    std::vector<at::Tensor> parts;
+    at::Tensor images;
     Boxes out;
     out.reserve(boxes.size());
     for (int64_t i = 0; i < n; i += slice) {
       const int64_t j = std::min(n, i + slice);
       auto [x, b] = apply(batch.slice(0, i, j), Boxes(boxes.begin() + i, boxes.begin() + j),
                           {keys.seed, keys.epoch, keys.index.slice(0, i, j)}, std::index_sequence_for<Stages...>{});
-      parts.push_back(std::move(x));
+      place(images, x, i, n);
       for (auto& t : b) out.push_back(std::move(t));
     }
-    return {at::cat(parts), std::move(out)};
+    return {std::move(images), std::move(out)};
   }
 
   /// Bytes of float pixels per slice on the CPU (see operator()); 0 or less: the whole batch at once.
@@ -662,6 +663,17 @@ class Compose {
   }
 
  private:
+  /// Slice [i, i + part's N) of the batch's result, copied while the slice is still in the cache (a
+  /// cat at the end would read every slice back from memory); `out` made at the first slice.
+  static void place(at::Tensor& out, const at::Tensor& part, int64_t i, int64_t n) {
+    if (!out.defined()) {
+      auto sizes = part.sizes().vec();
+      sizes[0] = n;
+      out = at::empty(sizes, part.options().memory_format(part.suggest_memory_format()));
+    }
+    out.slice(0, i, i + part.size(0)).copy_(part);
+  }
+
   /// Samples per slice; n or more: the batch goes through whole.
   [[nodiscard]] int64_t slice_of(const at::Tensor& batch) const {
     const int64_t n = batch.size(0);
