@@ -433,7 +433,7 @@ inline void decode_jpeg(std::span<const std::uint8_t> bytes, const Plan& p, int 
   place(dst, sw, p.window, out, o.layout);
 }
 
-inline void decode_png(std::span<const std::uint8_t> bytes, const Plan& p, const DecodeOptions& o, const at::Tensor& out,
+inline void decode_png(const Plan& p, const DecodeOptions& o, const at::Tensor& out,
                        std::string_view name, PngReadGuard& g, PngSource& src, const PngHeader& h) {
   const auto w = p.scaled_w, hh = p.scaled_h;
   const bool direct = o.layout == Layout::hwc && p.window.height == hh && p.window.width == w;
@@ -445,7 +445,6 @@ inline void decode_png(std::span<const std::uint8_t> bytes, const Plan& p, const
   for (std::int64_t y = 0; y < hh; ++y) rows[static_cast<std::size_t>(y)] = dst + static_cast<std::size_t>(y) * row;
   NITRO_CHECK(png_pixels(g.png, g.info, &h, rows.data(), row) == 0, "image: ", who(name),
               ": truncated or corrupt PNG (libpng: ", src.error, ")");
-  (void)bytes;
   if (!direct) place(dst, w, p.window, out, o.layout);
 }
 
@@ -494,7 +493,7 @@ inline void decode_into(std::span<const std::uint8_t> bytes, const at::Tensor& o
     detail::PngHeader h;
     const auto p = detail::plan(detail::png_info(bytes, name, g, src, h), options, name);
     detail::check_out(out, p, options.layout, name);
-    detail::decode_png(bytes, p, options, out, name, g, src, h);
+    detail::decode_png(p, options, out, name, g, src, h);
     return;
   }
   (void)probe(bytes, name);  // throws the message for a file that is neither
@@ -517,7 +516,7 @@ inline void decode_into(std::span<const std::uint8_t> bytes, const at::Tensor& o
     detail::PngHeader h;
     const auto p = detail::plan(detail::png_info(bytes, name, g, src, h), options, name);
     auto out = at::empty(detail::shape_of(p.window, options.layout), at::kByte);
-    detail::decode_png(bytes, p, options, out, name, g, src, h);
+    detail::decode_png(p, options, out, name, g, src, h);
     return out;
   }
   (void)probe(bytes, name);  // throws

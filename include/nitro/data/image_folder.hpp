@@ -527,6 +527,11 @@ struct DetectionBatch {
 
 namespace detail::images {
 
+inline std::size_t source_size(const auto& s) {
+  if constexpr (requires { s.size().value(); }) return s.size().value();
+  else return static_cast<std::size_t>(s.size());
+}
+
 /// What ImageBatches and DetectionBatches share: the source, the geometry, the epoch, the skips.
 template <class Source, class Geometry>
 class Batcher {
@@ -549,6 +554,9 @@ class Batcher {
 
  protected:
   /// Fills slot k of `images` (and, for detection, `boxes`) with sample i; false if it was skipped.
+  void check_index(std::size_t i, const char* who) const {
+    NITRO_CHECK(i < source_size(source_), "data::", who, ": index ", i, " of a data set of ", source_size(source_));
+  }
   bool fill(std::size_t i, const at::Tensor& slot, at::Tensor* boxes) const {
     try {
       const auto bytes = source_.encoded(i);
@@ -583,11 +591,6 @@ class Batcher {
   std::shared_ptr<Shared> shared_;
 };
 
-inline std::size_t source_size(const auto& s) {
-  if constexpr (requires { s.size().value(); }) return s.size().value();
-  else return static_cast<std::size_t>(s.size());
-}
-
 }  // namespace detail::images
 
 /// Classification batches from encoded images: get_batch(indices) -> RecordBatch {data uint8
@@ -610,8 +613,7 @@ class ImageBatches : public torch::data::datasets::BatchDataset<ImageBatches<Sou
     auto* ix = index.data_ptr<std::int64_t>();
     std::int64_t kept = 0;
     for (const auto i : indices) {
-      NITRO_CHECK(i < detail::images::source_size(this->source_), "data::ImageBatches: index ", i, " of a data set of ",
-                  detail::images::source_size(this->source_));
+      this->check_index(i, "ImageBatches");
       if (!this->fill(i, data[kept], nullptr)) continue;
       t[kept] = this->source_.label(i);
       ix[kept] = static_cast<std::int64_t>(i);
@@ -641,8 +643,7 @@ class DetectionBatches
     auto* ix = b.index.data_ptr<std::int64_t>();
     std::int64_t kept = 0;
     for (const auto i : indices) {
-      NITRO_CHECK(i < detail::images::source_size(this->source_), "data::DetectionBatches: index ", i, " of a data set of ",
-                  detail::images::source_size(this->source_));
+      this->check_index(i, "DetectionBatches");
       at::Tensor boxes = this->source_.boxes(i);
       if (!this->fill(i, b.data[kept], &boxes)) continue;
       b.boxes.push_back(std::move(boxes));
