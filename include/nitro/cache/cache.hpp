@@ -23,6 +23,7 @@
 // per shard, for concurrent readers). Values come back by value (a tensor shares storage, it is not
 // copied): a concurrent put never invalidates what get returned. Writing into a returned tensor in
 // place writes into the cached one; clone first if you augment in place.
+#include <nitro/core/config.hpp>
 #include <nitro/cache/detail/flat_index.hpp>
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/device.hpp>
@@ -88,15 +89,8 @@ struct CacheStats {
   std::uint64_t evictions = 0;   ///< entries dropped for room
   std::size_t bytes = 0;         ///< weight now held
   std::size_t entries = 0;       ///< entries now held
-  [[nodiscard]] double hit_ratio() const noexcept {
-    const auto n = hits + misses;
-    return n ? static_cast<double>(hits) / static_cast<double>(n) : 0.0;
-  }
-  CacheStats& operator+=(const CacheStats& o) noexcept {
-    hits += o.hits, misses += o.misses, admissions += o.admissions, rejections += o.rejections;
-    evictions += o.evictions, bytes += o.bytes, entries += o.entries;
-    return *this;
-  }
+  [[nodiscard]] NITRO_INLINE double hit_ratio() const noexcept;
+  NITRO_INLINE CacheStats& operator+=(const CacheStats& o) noexcept;
 };
 
 namespace detail {
@@ -478,3 +472,7 @@ constexpr std::size_t operator""_GiB(unsigned long long n) { return static_cast<
 }  // namespace literals
 
 }  // namespace nitro
+
+#if !NITRO_COMPILED
+#include <nitro/cache/cache-inl.hpp>
+#endif

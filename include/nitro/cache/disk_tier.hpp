@@ -36,6 +36,7 @@
 // when it is destroyed. One DiskTier per directory.
 //
 // POSIX only (open/rename/fsync).
+#include <nitro/core/config.hpp>
 #include <nitro/cache/cache.hpp>
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/device.hpp>
@@ -117,109 +118,21 @@ static_assert(sizeof(FileHeader) == 48 && std::is_trivially_copyable_v<FileHeade
 inline std::size_t header_bytes(std::size_t ndim) noexcept { return sizeof(FileHeader) + 8 * ndim + 8; }
 
 /// Parses "<integer>.nitro", the name of a spill file; anything else is not ours.
-inline bool is_spill_file_name(std::string_view name) noexcept {
-  if (!name.ends_with(file_suffix)) return false;
-  name.remove_suffix(file_suffix.size());
-  if (name.starts_with('-')) name.remove_prefix(1);
-  if (name.empty()) return false;
-  for (char c : name)
-    if (c < '0' || c > '9') return false;
-  return true;
-}
+NITRO_INLINE bool is_spill_file_name(std::string_view name) noexcept;
 
 /// The header bytes of tensor `index` of a value (`t` contiguous on the CPU, or undefined).
-inline std::vector<std::byte> encode_header(std::uint64_t key, std::uint32_t index, const at::Tensor& t) {
-  FileHeader h{};
-  std::memcpy(h.magic, file_magic, sizeof h.magic);
-  h.version = file_version;
-  h.key = key;
-  h.index = index;
-  if (t.defined()) {
-    h.ndim = static_cast<std::uint32_t>(t.dim());
-    h.dtype = static_cast<std::int32_t>(t.scalar_type());
-    h.payload_bytes = static_cast<std::uint64_t>(t.nbytes());
-    h.payload_checksum = xxh64({static_cast<const std::byte*>(t.data_ptr()), t.nbytes()});
-  } else {
-    h.dtype = undefined_dtype;
-  }
-  std::vector<std::byte> out(header_bytes(h.ndim));
-  std::memcpy(out.data(), &h, sizeof h);
-  for (std::uint32_t d = 0; d < h.ndim; ++d) {
-    const std::int64_t s = t.size(d);
-    std::memcpy(out.data() + sizeof h + 8 * d, &s, 8);
-  }
-  const std::uint64_t check = xxh64({out.data(), out.size() - 8});
-  std::memcpy(out.data() + out.size() - 8, &check, 8);
-  return out;
-}
+NITRO_INLINE std::vector<std::byte> encode_header(std::uint64_t key, std::uint32_t index, const at::Tensor& t);
 
 /// Reads and checks tensor `index` at the file's position, of the `left` bytes that remain (lowered
 /// by what it reads); nothing when anything about it is wrong. An undefined tensor is an undefined
 /// at::Tensor, where `undefined_allowed`.
-inline std::optional<at::Tensor> decode_tensor(int fd, std::uint64_t key, std::uint32_t index, std::uint64_t& left,
-                                               bool undefined_allowed) {
-  FileHeader h{};
-  if (left < header_bytes(0) || !read_all(fd, &h, sizeof h)) return std::nullopt;
-  if (std::memcmp(h.magic, file_magic, sizeof h.magic) != 0 || h.version != file_version || h.key != key ||
-      h.index != index || h.ndim > max_file_ndim || left < header_bytes(h.ndim))
-    return std::nullopt;
-  std::vector<std::byte> head(header_bytes(h.ndim));
-  std::memcpy(head.data(), &h, sizeof h);
-  if (!read_all(fd, head.data() + sizeof h, head.size() - sizeof h)) return std::nullopt;
-  std::uint64_t check;
-  std::memcpy(&check, head.data() + head.size() - 8, 8);
-  if (check != xxh64({head.data(), head.size() - 8})) return std::nullopt;
-  left -= head.size();
-  if (h.payload_bytes > left) return std::nullopt;
-  if (h.dtype == undefined_dtype) {
-    if (!undefined_allowed || h.ndim != 0 || h.payload_bytes != 0) return std::nullopt;
-    return at::Tensor();
-  }
-  if (h.dtype < 0 || h.dtype >= static_cast<std::int32_t>(c10::ScalarType::Undefined)) return std::nullopt;
-  const auto dtype = static_cast<c10::ScalarType>(h.dtype);
-  if (c10::isQIntType(dtype)) return std::nullopt;
-  std::uint64_t item = 0;
-  try {
-    item = c10::elementSize(dtype);
-  } catch (const c10::Error&) {
-    return std::nullopt;
-  }
-  std::vector<std::int64_t> sizes(h.ndim);
-  bool empty = false;
-  for (std::uint32_t d = 0; d < h.ndim; ++d) {
-    std::memcpy(&sizes[d], head.data() + sizeof h + 8 * d, 8);
-    if (sizes[d] < 0) return std::nullopt;
-    empty = empty || sizes[d] == 0;
-  }
-  std::uint64_t expected = empty ? 0 : item;
-  for (std::uint32_t d = 0; d < h.ndim && !empty; ++d)  // an overflow would let a wrong shape pass
-    if (__builtin_mul_overflow(expected, static_cast<std::uint64_t>(sizes[d]), &expected)) return std::nullopt;
-  if (expected != h.payload_bytes) return std::nullopt;
-  at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(dtype));
-  if (h.payload_bytes > 0 && !read_all(fd, t.data_ptr(), h.payload_bytes)) return std::nullopt;
-  if (xxh64({static_cast<const std::byte*>(t.data_ptr()), h.payload_bytes}) != h.payload_checksum)
-    return std::nullopt;
-  left -= h.payload_bytes;
-  return t;
-}
+NITRO_INLINE std::optional<at::Tensor> decode_tensor(int fd, std::uint64_t key, std::uint32_t index, std::uint64_t& left,
+                                               bool undefined_allowed);
 
 /// Reads and checks a whole spill file of `count` tensors; nothing when anything about it is wrong
 /// (its size is not the indexed one, a tensor does not check, bytes are left over).
-inline std::optional<std::vector<at::Tensor>> decode_file(int fd, std::uint64_t key, std::uint64_t indexed_bytes,
-                                                          std::size_t count, bool undefined_allowed) {
-  struct ::stat st {};
-  if (::fstat(fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) != indexed_bytes) return std::nullopt;
-  std::uint64_t left = static_cast<std::uint64_t>(st.st_size);
-  std::vector<at::Tensor> tensors;
-  tensors.reserve(count);
-  for (std::size_t i = 0; i < count; ++i) {
-    auto t = decode_tensor(fd, key, static_cast<std::uint32_t>(i), left, undefined_allowed);
-    if (!t) return std::nullopt;
-    tensors.push_back(std::move(*t));
-  }
-  if (left != 0) return std::nullopt;
-  return tensors;
-}
+NITRO_INLINE std::optional<std::vector<at::Tensor>> decode_file(int fd, std::uint64_t key, std::uint64_t indexed_bytes,
+                                                          std::size_t count, bool undefined_allowed);
 
 // ---- values of several tensors ---------------------------------------------------------------------
 
@@ -247,16 +160,7 @@ Value shell_of(const Value& value, std::size_t tensors, std::string_view who) {
 
 /// Throws nitro::Error for a tensor a file cannot hold. `in_value`: the tensor is one of a composite
 /// value's, which may be undefined.
-inline void check_spillable(const at::Tensor& t, bool in_value, std::string_view who, std::string_view verb) {
-  if (!t.defined()) {
-    NITRO_CHECK(in_value, who, ": cannot ", verb, " an undefined tensor; ", verb, " a defined one");
-    return;
-  }
-  NITRO_CHECK(t.layout() == c10::kStrided && !t.is_nested() && !c10::isQIntType(t.scalar_type()), who, ": cannot ",
-              verb, " a ", t.layout(), " ", t.scalar_type(),
-              " tensor; only dense (strided), non-quantized tensors can be spilled to disk (convert it, e.g. "
-              ".to_dense())");
-}
+NITRO_INLINE void check_spillable(const at::Tensor& t, bool in_value, std::string_view who, std::string_view verb);
 
 }  // namespace cache::detail
 
@@ -284,10 +188,7 @@ struct DiskTierStats {
   std::uint64_t corrupt = 0;     ///< files found missing, truncated or corrupt on load (and removed)
   std::size_t bytes = 0;         ///< file bytes now held
   std::size_t entries = 0;       ///< files now held
-  [[nodiscard]] double hit_ratio() const noexcept {
-    const auto n = hits + misses;
-    return n ? static_cast<double>(hits) / static_cast<double>(n) : 0.0;
-  }
+  [[nodiscard]] NITRO_INLINE double hit_ratio() const noexcept;
 };
 
 /// Values in files, one per key, under a byte budget; the least recently stored or loaded file goes
@@ -649,10 +550,7 @@ struct TieredCacheStats {
   DiskTierStats disk;
   [[nodiscard]] std::uint64_t hits() const noexcept { return memory.hits + disk.hits; }
   [[nodiscard]] std::uint64_t misses() const noexcept { return disk.misses; }
-  [[nodiscard]] double hit_ratio() const noexcept {
-    const auto n = memory.hits + memory.misses;
-    return n ? static_cast<double>(hits()) / static_cast<double>(n) : 0.0;
-  }
+  [[nodiscard]] NITRO_INLINE double hit_ratio() const noexcept;
 };
 
 /// A memory cache in front of a disk tier: what the memory tier evicts or refuses is written to disk,
@@ -938,3 +836,7 @@ template <EvictionPolicy Policy, class Key = std::int64_t, class Value = at::Ten
 using TieredCache_st = typename cache::detail::TieredAs<Policy, Key, Value, Weigher, NullMutex>::type;
 
 }  // namespace nitro
+
+#if !NITRO_COMPILED
+#include <nitro/cache/disk_tier-inl.hpp>
+#endif

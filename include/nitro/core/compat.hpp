@@ -42,46 +42,15 @@ struct Tf32State {
 #endif
 };
 
-inline Tf32State tf32_state() {
-  auto& ctx = at::globalContext();
-#if NITRO_TORCH_VERSION >= 211
-  return {ctx.float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL),
-          ctx.float32Precision(at::Float32Backend::CUDA, at::Float32Op::CONV)};
-#else
-  return {ctx.allowTF32CuBLAS(), ctx.allowTF32CuDNN()};
-#endif
-}
+NITRO_INLINE Tf32State tf32_state();
 
-inline void restore_tf32(const Tf32State& s) {
-  auto& ctx = at::globalContext();
-#if NITRO_TORCH_VERSION >= 211
-  ctx.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL, s.matmul);
-  ctx.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::CONV, s.conv);
-#else
-  ctx.setAllowTF32CuBLAS(s.matmul);
-  ctx.setAllowTF32CuDNN(s.conv);
-#endif
-}
+NITRO_INLINE void restore_tf32(const Tf32State& s);
 
 /// Allows (or forbids) TF32 in cuBLAS matmuls and cuDNN convolutions.
-inline void set_tf32(bool on) {
-#if NITRO_TORCH_VERSION >= 211
-  const auto p = on ? at::Float32Precision::TF32 : at::Float32Precision::IEEE;
-  restore_tf32({p, p});
-#else
-  restore_tf32({on, on});
-#endif
-}
+NITRO_INLINE void set_tf32(bool on);
 
 /// Whether both cuBLAS matmuls and cuDNN convolutions may use TF32.
-inline bool tf32_enabled() {
-  const auto s = tf32_state();
-#if NITRO_TORCH_VERSION >= 211
-  return s.matmul == at::Float32Precision::TF32 && s.conv == at::Float32Precision::TF32;
-#else
-  return s.matmul && s.conv;
-#endif
-}
+NITRO_INLINE bool tf32_enabled();
 
 // ---- CUDA caching allocator -------------------------------------------------------------------------
 
@@ -90,25 +59,13 @@ inline bool tf32_enabled() {
 // LibTorch makes the caching allocator's per-device state when CUDA is first used (its lazy init):
 // before that, reading or setting a fraction is an internal assert ("Allocator not initialized for
 // device"). Python's torch.cuda.set_per_process_memory_fraction initialises first; so do these.
-inline void init_cuda_allocator() {
-#if NITRO_TORCH_VERSION >= 206
-  at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
-#else
-  at::globalContext().lazyInitCUDA();
-#endif
-}
-inline std::optional<double> cuda_memory_fraction([[maybe_unused]] c10::DeviceIndex device) {
-#if NITRO_TORCH_VERSION >= 210
-  init_cuda_allocator();
-  return c10::cuda::CUDACachingAllocator::getMemoryFraction(device);
-#else
-  return std::nullopt;
-#endif
-}
-inline void set_cuda_memory_fraction(double fraction, c10::DeviceIndex device) {
-  init_cuda_allocator();
-  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device);
-}
+NITRO_INLINE void init_cuda_allocator();
+NITRO_INLINE std::optional<double> cuda_memory_fraction([[maybe_unused]] c10::DeviceIndex device);
+NITRO_INLINE void set_cuda_memory_fraction(double fraction, c10::DeviceIndex device);
 #endif
 
 }  // namespace nitro::compat
+
+#if !NITRO_COMPILED
+#include <nitro/core/compat-inl.hpp>
+#endif

@@ -1,6 +1,7 @@
 #pragma once
 // The autocast part of core/compat.hpp (kept apart because <ATen/autocast_mode.h> is as heavy as
 // <ATen/ATen.h>): the device-agnostic at::autocast API of LibTorch 2.4 and newer.
+#include <nitro/core/config.hpp>
 #include <nitro/core/compat.hpp>
 
 #include <ATen/autocast_mode.h>
@@ -16,12 +17,14 @@ inline bool autocast_available(c10::DeviceType device) { return at::autocast::is
 inline bool autocast_enabled(c10::DeviceType device) { return at::autocast::is_autocast_enabled(device); }
 inline void set_autocast_enabled(c10::DeviceType device, bool on) { at::autocast::set_autocast_enabled(device, on); }
 inline c10::ScalarType autocast_dtype(c10::DeviceType device) { return at::autocast::get_autocast_dtype(device); }
-inline void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype) {
-  at::autocast::set_autocast_dtype(device, dtype);
-}
+NITRO_INLINE void set_autocast_dtype(c10::DeviceType device, c10::ScalarType dtype);
 /// Nesting depth bookkeeping: the outermost autocast region clears the cast cache on exit.
 inline int autocast_increment_nesting() { return at::autocast::increment_nesting(); }
 inline int autocast_decrement_nesting() { return at::autocast::decrement_nesting(); }
 inline void autocast_clear_cache() { at::autocast::clear_cache(); }
 
 }  // namespace nitro::compat
+
+#if !NITRO_COMPILED
+#include <nitro/core/compat_autocast-inl.hpp>
+#endif

@@ -19,3 +19,32 @@
 #else
 #define NITRO_HOST_DEVICE
 #endif
+
+// NITRO_COMPILED: 1 when the code that does not depend on template parameters, and the predefined
+// types (level::Basic, Advanced, Ultra, Max, the common Prefetchers and Caches), are compiled once
+// into Nitro's library instead of into every translation unit that includes a header. CMake: link
+// nitro::compiled (nitro::compiled_dist, nitro::compiled_image where you would link nitro::dist,
+// nitro::image), which defines it; Conan: the option compiled=True. Without it (the default) Nitro is
+// header-only, and copying include/ is all it takes. Every translation unit of a program is built
+// the same way: the two modes do not mix. The definitions live in the `-inl.hpp` header beside each
+// header, which the header includes when NITRO_COMPILED is 0 and the library compiles (src/).
+#ifndef NITRO_COMPILED
+#define NITRO_COMPILED 0
+#endif
+#if NITRO_COMPILED
+#define NITRO_INLINE
+#else
+#define NITRO_INLINE inline
+#endif
+
+// A program built with NITRO_COMPILED that does not link Nitro's library fails to link, and the
+// first symbol the linker names says what to link. The call also tells the library which headers
+// the program was built with (nitro::detail::check_library_version, core/error.hpp).
+#if NITRO_COMPILED && !defined(NITRO_COMPILED_SOURCE)
+#include <nitro/version.hpp>
+extern "C" int nitro_compiled_library_is_not_linked__link_nitro_compiled(int headers_version) noexcept;
+namespace nitro::detail {
+[[gnu::used]] inline const int compiled_library_linked =
+    nitro_compiled_library_is_not_linked__link_nitro_compiled(NITRO_VERSION);
+}  // namespace nitro::detail
+#endif

@@ -70,13 +70,7 @@ struct Auto {
   static bool available() noexcept { return true; }
   /// The default device: `cuda:index` (index -1: the current GPU) when this build has CUDA
   /// (NITRO_WITH_CUDA) and a GPU is available, else the CPU.
-  static c10::Device device(c10::DeviceIndex index = -1) {
-#if NITRO_WITH_CUDA
-    if (Cuda::available()) return Cuda::device(index);
-#endif
-    (void)index;
-    return Cpu::device();
-  }
+  NITRO_INLINE static c10::Device device(c10::DeviceIndex index = -1);
 };
 
 static_assert(DeviceTag<Cpu>);
@@ -86,34 +80,19 @@ static_assert(DeviceTag<Auto>);
 /// The concrete device `device` means when the current CUDA device is `current`: a CUDA device
 /// without an index (`cuda`, index -1) is `cuda:current`; any other device is itself. The logic of
 /// concrete_device(device), apart so it can be tested without a GPU.
-[[nodiscard]] inline c10::Device concrete_device(c10::Device device, c10::DeviceIndex current) {
-  if (device.is_cuda() && !device.has_index()) return c10::Device(c10::DeviceType::CUDA, current);
-  return device;
-}
+[[nodiscard]] NITRO_INLINE c10::Device concrete_device(c10::Device device, c10::DeviceIndex current);
 
 /// The concrete device `device` means now: `cuda` becomes the current CUDA device of this thread
 /// (cuda:1 after c10::cuda::set_device(1)); other devices are returned as they are. What keeps a
 /// device (the prefetcher, the phase monitor) resolves it once, so its streams, events and memory
 /// figures stay on that device whichever becomes current later.
-[[nodiscard]] inline c10::Device concrete_device(c10::Device device) {
-  if (!device.is_cuda() || device.has_index()) return device;
-  // Through c10's device guard registry, so that this header needs no CUDA header.
-  return concrete_device(device, c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index());
-}
+[[nodiscard]] NITRO_INLINE c10::Device concrete_device(c10::Device device);
 
 namespace detail {
 /// The CUDA device indices among `devices`, and `current` when it is >= 0: sorted, each once. The
 /// generators a search must put back (the model may sit on cuda:1 while cuda:0 is current).
-[[nodiscard]] inline std::vector<c10::DeviceIndex> cuda_indices(const std::vector<c10::Device>& devices,
-                                                                c10::DeviceIndex current) {
-  std::vector<c10::DeviceIndex> out;
-  if (current >= 0) out.push_back(current);
-  for (const auto& d : devices)
-    if (d.is_cuda() && d.has_index()) out.push_back(d.index());
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
+[[nodiscard]] NITRO_INLINE std::vector<c10::DeviceIndex> cuda_indices(const std::vector<c10::Device>& devices,
+                                                                c10::DeviceIndex current);
 }  // namespace detail
 
 /// Throws nitro::Error naming `what` when device D is not present (never for Cpu and Auto, whose
@@ -132,17 +111,7 @@ void require_available(std::string_view what) {
 /// a CUDA device in a build without CUDA (NITRO_WITH_CUDA 0) or where no GPU is available, or a
 /// device that is neither the CPU nor CUDA. Does not check that index N of `cuda:N` exists.
 /// nitro::require_available(device, "nitro::Prefetcher<Auto>");
-inline void require_available(c10::Device device, std::string_view what) {
-  NITRO_CHECK(device.is_cpu() || device.is_cuda(), what, ": device is ", device,
-              "; give the CPU or a CUDA device (cuda, cuda:N)");
-  if (!device.is_cuda()) return;
-  NITRO_CHECK(NITRO_WITH_CUDA, what, ": device is ", device,
-              ", but Nitro was built without CUDA (NITRO_WITH_CUDA is 0: a CPU-only LibTorch, or defined so); "
-              "give the CPU, or build against a LibTorch with CUDA");
-  NITRO_CHECK(Cuda::available(), what, ": device is ", device,
-              ", but no CUDA device is available in this process (torch::cuda::is_available() is false: no GPU "
-              "or driver); give the CPU, e.g. nitro::Auto::device(), which is the CPU there");
-}
+NITRO_INLINE void require_available(c10::Device device, std::string_view what);
 
 namespace detail {
 
@@ -290,3 +259,7 @@ B pin_memory(const B& batch) {
 }
 
 }  // namespace nitro
+
+#if !NITRO_COMPILED
+#include <nitro/core/device-inl.hpp>
+#endif

@@ -7,6 +7,8 @@
 //  - a broken internal invariant (a bug in Nitro): NITRO_EXPECTS / NITRO_ENSURES, which are GSL's
 //    Expects / Ensures (terminate) unless NITRO_THROW_ON_CONTRACT_VIOLATION is defined, in which
 //    case they throw nitro::ContractViolation, so tests can check them with CHECK_THROWS.
+#include <nitro/core/config.hpp>
+
 #include <gsl/assert>
 
 #include <initializer_list>
@@ -80,6 +82,15 @@ template <class... Parts>
   throw ContractViolation(concat("nitro: ", kind, " violated: ", cond, " at ", file, ":", line));
 }
 
+#if NITRO_COMPILED
+/// With NITRO_COMPILED: throws nitro::Error when the headers the program was built with and the
+/// compiled library it links are of different versions (a library left from another Nitro). Called
+/// where a program begins to use Nitro: a TrainingLoop, a Prefetcher, a Cache, a monitor, a snapshot.
+void check_library_version();
+#else
+inline void check_library_version() noexcept {}
+#endif
+
 }  // namespace detail
 }  // namespace nitro
 
@@ -100,4 +111,8 @@ template <class... Parts>
 #else
 #define NITRO_EXPECTS(cond) Expects(cond)
 #define NITRO_ENSURES(cond) Ensures(cond)
+#endif
+
+#if !NITRO_COMPILED
+#include <nitro/core/error-inl.hpp>
 #endif

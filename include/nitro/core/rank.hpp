@@ -10,6 +10,7 @@
 // The processes also take decisions together through it: make_agreement() gives a vote among the
 // ranks of that group (snapshot::Policy uses one to stop every rank at the same step on SIGTERM), or
 // nothing for a single process. core/ names the interface only; dist::ProcessGroup provides it.
+#include <nitro/core/config.hpp>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -50,17 +51,15 @@ class Agreement {
 namespace detail {
 inline std::mutex agreement_mutex;
 inline std::function<std::unique_ptr<Agreement>()> agreement_factory;  // set while a group owns the rank
-inline void set_agreement_factory(std::function<std::unique_ptr<Agreement>()> f) {
-  std::lock_guard lock(agreement_mutex);
-  agreement_factory = std::move(f);
-}
+NITRO_INLINE void set_agreement_factory(std::function<std::unique_ptr<Agreement>()> f);
 }  // namespace detail
 
 /// A new Agreement among the processes of the run (the group that set process_rank()), or nullptr
 /// for a single process.
-[[nodiscard]] inline std::unique_ptr<Agreement> make_agreement() {
-  std::lock_guard lock(detail::agreement_mutex);
-  return process_count() > 1 && detail::agreement_factory ? detail::agreement_factory() : nullptr;
-}
+[[nodiscard]] NITRO_INLINE std::unique_ptr<Agreement> make_agreement();
 
 }  // namespace nitro
+
+#if !NITRO_COMPILED
+#include <nitro/core/rank-inl.hpp>
+#endif

@@ -7,6 +7,7 @@
 //   s.integers["seen"] = 1234;
 //   s.tensors["ema"] = ema.clone();
 //   const auto seen = s.integer("seen");   // throws nitro::Error naming the key when it is missing
+#include <nitro/core/config.hpp>
 #include <nitro/core/error.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -25,22 +26,12 @@ struct StateDict {
   std::map<std::string, double, std::less<>> numbers;
   std::map<std::string, std::string, std::less<>> strings;
 
-  [[nodiscard]] bool empty() const noexcept {
-    return tensors.empty() && integers.empty() && numbers.empty() && strings.empty();
-  }
+  [[nodiscard]] NITRO_INLINE bool empty() const noexcept;
   /// The value under `key`; nitro::Error naming the key (and `owner`, for the message) when absent.
-  [[nodiscard]] const at::Tensor& tensor(std::string_view key, std::string_view owner = "StateDict") const {
-    return find(tensors, key, owner, "tensor");
-  }
-  [[nodiscard]] std::int64_t integer(std::string_view key, std::string_view owner = "StateDict") const {
-    return find(integers, key, owner, "integer");
-  }
-  [[nodiscard]] double number(std::string_view key, std::string_view owner = "StateDict") const {
-    return find(numbers, key, owner, "number");
-  }
-  [[nodiscard]] const std::string& string(std::string_view key, std::string_view owner = "StateDict") const {
-    return find(strings, key, owner, "string");
-  }
+  [[nodiscard]] NITRO_INLINE const at::Tensor& tensor(std::string_view key, std::string_view owner = "StateDict") const;
+  [[nodiscard]] NITRO_INLINE std::int64_t integer(std::string_view key, std::string_view owner = "StateDict") const;
+  [[nodiscard]] NITRO_INLINE double number(std::string_view key, std::string_view owner = "StateDict") const;
+  [[nodiscard]] NITRO_INLINE const std::string& string(std::string_view key, std::string_view owner = "StateDict") const;
 
  private:
   template <class Map>
@@ -54,3 +45,7 @@ struct StateDict {
 };
 
 }  // namespace nitro
+
+#if !NITRO_COMPILED
+#include <nitro/core/state_dict-inl.hpp>
+#endif

@@ -32,11 +32,7 @@ namespace nitro {
 class PinnedPool {
  public:
   /// A pinned tensor of `t`'s shape and dtype (contiguous) holding a copy of `t`.
-  static at::Tensor pinned_copy(const at::Tensor& t) {
-    at::Tensor pinned = at::empty(t.sizes(), t.options().pinned_memory(true));
-    pinned.copy_(t);
-    return pinned;
-  }
+  NITRO_INLINE static at::Tensor pinned_copy(const at::Tensor& t);
 
   /// A copy of `batch` whose CPU tensors live in pinned memory, those already pinned included (their
   /// owner may refill them while the copy from the staged one is in flight). Drop the staged tensors
@@ -55,17 +51,9 @@ class PinnedPool {
   /// Pinned blocks LibTorch's allocator had to allocate (cudaHostAlloc) since this pool first staged,
   /// in the whole process: in a steady state with one prefetcher, at most its window of batches'
   /// worth, then none.
-  [[nodiscard]] std::size_t allocated() const {
-    const auto start = start_.load();
-    if (start < 0) return 0;  // nothing staged yet (and no CUDA call made: a CPU-only machine never gets here)
-    const auto now = host_allocs();
-    return now > start ? static_cast<std::size_t>(now - start) : 0;
-  }
+  [[nodiscard]] NITRO_INLINE std::size_t allocated() const;
   /// Staged tensors served from blocks LibTorch had already (an estimate from process-wide counts).
-  [[nodiscard]] std::size_t reused() const {
-    const auto a = allocated(), s = staged();
-    return s > a ? s - a : 0;
-  }
+  [[nodiscard]] NITRO_INLINE std::size_t reused() const;
 
  private:
   static std::int64_t host_allocs() { return at::getHostAllocator(at::kCUDA)->get_stats().num_host_alloc; }
@@ -75,4 +63,8 @@ class PinnedPool {
 };
 
 }  // namespace nitro
+#endif
+
+#if !NITRO_COMPILED
+#include <nitro/data/pinned_pool-inl.hpp>
 #endif

@@ -16,6 +16,7 @@
 // ResumableSampler's: every rank has delivered as many samples, so rank 0's snapshot resumes every rank.
 // Resuming with another world size is a nitro::Error (the shards would change mid-epoch); start a new
 // epoch instead.
+#include <nitro/core/config.hpp>
 #include <nitro/data/sampler.hpp>
 #include <nitro/dist/process_group.hpp>
 
@@ -33,10 +34,12 @@ class DistributedSampler : public data::ResumableSampler {
     /// Cut each epoch to a multiple of the world size instead of padding it.
     bool drop_last = false;
   };
-  DistributedSampler(std::size_t size, const ProcessGroup& group) : DistributedSampler(size, group, Options{}) {}
-  DistributedSampler(std::size_t size, const ProcessGroup& group, const Options& o)
-      : data::ResumableSampler(size, {.seed = o.seed, .shuffle = o.shuffle, .shard = group.rank(),
-                                      .shards = group.size(), .drop_last = o.drop_last}) {}
+  NITRO_INLINE DistributedSampler(std::size_t size, const ProcessGroup& group);
+  NITRO_INLINE DistributedSampler(std::size_t size, const ProcessGroup& group, const Options& o);
 };
 
 }  // namespace nitro::dist
+
+#if !NITRO_COMPILED
+#include <nitro/dist/sampler-inl.hpp>
+#endif

@@ -122,9 +122,7 @@ struct TensorShape {
   std::vector<std::int64_t> sizes, strides;
   c10::ScalarType dtype;
   c10::Device device;
-  bool matches(const at::Tensor& t) const {
-    return t.scalar_type() == dtype && t.device() == device && t.sizes().equals(sizes) && t.strides().equals(strides);
-  }
+  NITRO_INLINE bool matches(const at::Tensor& t) const;
 };
 
 #if NITRO_WITH_CUDA
@@ -132,28 +130,7 @@ struct TensorShape {
 /// the step, capture_end), leaving the stream, the caching allocators and the generators as before.
 class Graph final : public at::cuda::CUDAGraph {
  public:
-  void abandon(cudaStream_t stream, c10::DeviceIndex device, c10::MempoolId_t pool) noexcept {
-    if (!capture_ended_) {  // else capture_end got that far: reset() releases the pool, once
-      cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-      if (cudaStreamIsCapturing(stream, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
-        cudaGraph_t raw = nullptr;
-        (void)cudaStreamEndCapture(stream, &raw);  // ends an invalidated capture too
-        if (raw != nullptr) (void)cudaGraphDestroy(raw);
-      }
-      (void)cudaGetLastError();
-      // Each may have been done already (capture_end ends the routing first) or never begun: then it
-      // throws, and there is nothing to undo.
-      quietly([&] { c10::cuda::CUDACachingAllocator::endAllocateToPool(device, pool); });
-      quietly([&] { at::getHostAllocator(at::kCUDA)->end_allocate_to_pool(pool); });
-      quietly([&] { c10::cuda::CUDACachingAllocator::releasePool(device, pool); });
-      quietly([&] { at::getHostAllocator(at::kCUDA)->release_pool(pool); });
-    }
-    (void)cudaGetLastError();
-    // capture_begin put the generators in capture mode; only a capture_end that got that far takes them
-    // out (its epilogue is not exported): else every later random draw would throw.
-    for (auto& entry : captured_generator_states_) entry.first->capturing_ = false;
-    quietly([&] { reset(); });  // forgets the capture id; releases the pool only if capture_end ended the capture
-  }
+  NITRO_INLINE void abandon(cudaStream_t stream, c10::DeviceIndex device, c10::MempoolId_t pool) noexcept;
 
  private:
   template <class F>
@@ -171,22 +148,10 @@ class Graph final : public at::cuda::CUDAGraph {
 /// the end (also by an exception) the current stream is restored and waits for the side stream's work.
 class SideStream {
  public:
-  SideStream(const c10::cuda::CUDAStream& current, const c10::cuda::CUDAStream& side)
-      : current_(current), side_(side), guard_(side) {
-    at::cuda::CUDAEvent ready;
-    ready.record(current_);
-    ready.block(side_);
-  }
+  NITRO_INLINE SideStream(const c10::cuda::CUDAStream& current, const c10::cuda::CUDAStream& side);
   SideStream(const SideStream&) = delete;
   SideStream& operator=(const SideStream&) = delete;
-  ~SideStream() {
-    try {
-      at::cuda::CUDAEvent done;
-      done.record(side_);
-      done.block(current_);
-    } catch (...) {  // nothing to do: an error here is the device's, the next CUDA call reports it
-    }
-  }
+  NITRO_INLINE ~SideStream();
 
  private:
   c10::cuda::CUDAStream current_, side_;
@@ -579,4 +544,18 @@ namespace nitro::level {
 /// Not yet measured on a GPU (bench_graphs).
 using Max = TrainingLoop<amp::Bf16, accumulate::Off, checkpoint::Off, graph::Capture>;
 
+
 }  // namespace nitro::level
+
+#if NITRO_COMPILED && NITRO_WITH_CUDA
+// level::Max's members defined out of the class are compiled in Nitro's library (src/train.cpp).
+NITRO_DETAIL_LOOP_MEMBERS(extern template, nitro::level::Max);
+#endif
+
+
+template <>
+inline constexpr bool nitro::detail::is_predefined_level<nitro::level::Max> = true;
+
+#if !NITRO_COMPILED
+#include <nitro/graph/capture-inl.hpp>
+#endif

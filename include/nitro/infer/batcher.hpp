@@ -30,6 +30,7 @@
 //
 // Shutdown (`shutdown()`, or the destructor) by default answers every pending request, then joins the
 // worker; `shutdown(Shutdown::fail_pending)` fails them with BatcherStopped instead.
+#include <nitro/core/config.hpp>
 #include <nitro/core/error.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -90,11 +91,7 @@ struct BatcherStats {
   std::vector<uint64_t> batch_sizes;  ///< batch_sizes[n]: batches of n requests (index 0 unused)
   double queue_wait_p50_ms = 0, queue_wait_p99_ms = 0;  ///< submit to the batch's start
   double latency_p50_ms = 0, latency_p99_ms = 0;        ///< submit to the answer
-  [[nodiscard]] double mean_batch() const {
-    uint64_t n = 0, sum = 0;
-    for (size_t i = 0; i < batch_sizes.size(); ++i) n += batch_sizes[i], sum += batch_sizes[i] * i;
-    return n ? static_cast<double>(sum) / static_cast<double>(n) : 0.0;
-  }
+  [[nodiscard]] NITRO_INLINE double mean_batch() const;
 };
 
 template <class Fn>
@@ -390,3 +387,7 @@ class DynamicBatcher {
 };
 
 }  // namespace nitro::infer
+
+#if !NITRO_COMPILED
+#include <nitro/infer/batcher-inl.hpp>
+#endif

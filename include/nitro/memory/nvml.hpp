@@ -49,29 +49,7 @@ namespace detail {
 /// NVML's few entry points, from a library loaded with dlopen. Usable alone (tests load a stand-in).
 class Nvml {
  public:
-  explicit Nvml(const char* library) {
-    handle_ = ::dlopen(library, RTLD_NOW | RTLD_LOCAL);
-    if (handle_ == nullptr) {
-      const char* e = ::dlerror();
-      status_ = std::string("NVML not loaded: ") + (e != nullptr ? e : library);
-      return;
-    }
-    const auto sym = [&](auto& f, const char* name) {
-      f = reinterpret_cast<std::remove_reference_t<decltype(f)>>(::dlsym(handle_, name));
-      return f != nullptr;
-    };
-    if (!sym(init_, "nvmlInit_v2") || !sym(by_pci_, "nvmlDeviceGetHandleByPciBusId_v2") ||
-        !sym(utilization_, "nvmlDeviceGetUtilizationRates") || !sym(power_, "nvmlDeviceGetPowerUsage") ||
-        !sym(limit_, "nvmlDeviceGetEnforcedPowerLimit") || !sym(temperature_, "nvmlDeviceGetTemperature")) {
-      status_ = std::string("NVML not usable: ") + library + " lacks an entry point Nitro uses";
-      return;
-    }
-    if (const int rc = init_(); rc != 0) {
-      status_ = "NVML not usable: nvmlInit_v2 returned " + std::to_string(rc);
-      return;
-    }
-    status_.clear();
-  }
+  NITRO_INLINE explicit Nvml(const char* library);
   Nvml(const Nvml&) = delete;
   Nvml& operator=(const Nvml&) = delete;
   ~Nvml() = default;  // never unloaded: other threads may still be inside it at exit
@@ -80,24 +58,7 @@ class Nvml {
   [[nodiscard]] const std::string& status() const noexcept { return status_; }
 
   /// The figures of the GPU at `pci_bus_id`; nullopt when NVML is not loaded or has no such GPU.
-  [[nodiscard]] std::optional<GpuActivity> activity(const std::string& pci_bus_id) const {
-    if (!ok()) return std::nullopt;
-    void* device = nullptr;
-    if (by_pci_(pci_bus_id.c_str(), &device) != 0) return std::nullopt;
-    GpuActivity a;
-    a.pci_bus_id = pci_bus_id;
-    Utilization u{};
-    if (utilization_(device, &u) == 0) {
-      a.gpu_percent = static_cast<int>(u.gpu);
-      a.memory_percent = static_cast<int>(u.memory);
-    }
-    unsigned milliwatts = 0;
-    if (power_(device, &milliwatts) == 0) a.power_w = milliwatts / 1000.0;
-    if (limit_(device, &milliwatts) == 0) a.power_limit_w = milliwatts / 1000.0;
-    unsigned celsius = 0;
-    if (temperature_(device, 0 /* NVML_TEMPERATURE_GPU */, &celsius) == 0) a.temperature_c = static_cast<int>(celsius);
-    return a;
-  }
+  [[nodiscard]] NITRO_INLINE std::optional<GpuActivity> activity(const std::string& pci_bus_id) const;
 
  private:
   struct Utilization {  // nvmlUtilization_t
@@ -114,13 +75,7 @@ class Nvml {
 };
 
 /// The process's NVML: NITRO_NVML_LIBRARY, else libnvidia-ml.so.1; loaded on first use.
-inline const Nvml& nvml() {
-  static const Nvml instance([] {
-    const char* path = std::getenv("NITRO_NVML_LIBRARY");
-    return path != nullptr && *path != '\0' ? path : "libnvidia-ml.so.1";
-  }());
-  return instance;
-}
+NITRO_INLINE const Nvml& nvml();
 
 }  // namespace detail
 
@@ -128,30 +83,13 @@ inline const Nvml& nvml() {
 [[nodiscard]] inline std::string nvml_status() { return detail::nvml().status(); }
 
 /// NVML's figures for the GPU at a PCI bus id ("0000:3b:00.0"); nullopt without NVML or such a GPU.
-[[nodiscard]] inline std::optional<GpuActivity> gpu_activity(const std::string& pci_bus_id) {
-  return detail::nvml().activity(pci_bus_id);
-}
+[[nodiscard]] NITRO_INLINE std::optional<GpuActivity> gpu_activity(const std::string& pci_bus_id);
 
 /// NVML's figures for CUDA device `device` (-1: the current one); nullopt without NVML, CUDA or a GPU.
-[[nodiscard]] inline std::optional<GpuActivity> gpu_activity(int device = -1) {
-#if NITRO_WITH_CUDA
-  if (c10::cuda::device_count() == 0) return std::nullopt;
-  if (!detail::nvml().ok()) return std::nullopt;
-  const auto index = device < 0 ? c10::cuda::current_device() : static_cast<c10::DeviceIndex>(device);
-  if (index >= c10::cuda::device_count()) return std::nullopt;
-  // The PCI location of cudaDeviceProp (pciDomainID, pciBusID, pciDeviceID), read attribute by attribute.
-  int domain = 0, bus_id = 0, device_id = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&domain, cudaDevAttrPciDomainId, index));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&bus_id, cudaDevAttrPciBusId, index));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&device_id, cudaDevAttrPciDeviceId, index));
-  char bus[32];
-  std::snprintf(bus, sizeof bus, "%08x:%02x:%02x.0", static_cast<unsigned>(domain), static_cast<unsigned>(bus_id),
-                static_cast<unsigned>(device_id));
-  return detail::nvml().activity(bus);
-#else
-  (void)device;
-  return std::nullopt;
-#endif
-}
+[[nodiscard]] NITRO_INLINE std::optional<GpuActivity> gpu_activity(int device = -1);
 
 }  // namespace nitro::memory
+
+#if !NITRO_COMPILED
+#include <nitro/memory/nvml-inl.hpp>
+#endif

@@ -24,6 +24,7 @@
 // (in a batch-size search, or just after a split) may therefore keep a low-workspace, slower
 // algorithm. Search with autotuning off, or leave a margin (BatchSizeOptions::margin) so training
 // runs with room for the faster algorithms.
+#include <nitro/core/config.hpp>
 #include <c10/util/Exception.h>
 
 #include <array>
@@ -51,25 +52,17 @@ inline constexpr std::array<std::string_view, 11> oom_markers = {
 }  // namespace detail
 
 /// Whether `message` is one of the out-of-memory reports listed in the banner.
-[[nodiscard]] inline bool is_out_of_memory_message(std::string_view message) noexcept {
-  for (const auto marker : detail::oom_markers)
-    if (message.find(marker) != std::string_view::npos) return true;
-  return false;
-}
+[[nodiscard]] NITRO_INLINE bool is_out_of_memory_message(std::string_view message) noexcept;
 
 /// Whether `e` reports running out of memory (see the banner): c10::OutOfMemoryError, std::bad_alloc,
 /// or a c10::Error whose message is a CUDA library's or the CPU allocator's out-of-memory report.
-[[nodiscard]] inline bool is_out_of_memory(const std::exception& e) noexcept {
-  if (dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr) return true;
-  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) return true;
-  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return is_out_of_memory_message(error->msg());
-  return false;
-}
+[[nodiscard]] NITRO_INLINE bool is_out_of_memory(const std::exception& e) noexcept;
 
 /// The message of an error without LibTorch's backtrace, for reports.
-[[nodiscard]] inline std::string_view error_message(const std::exception& e) noexcept {
-  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return error->what_without_backtrace();
-  return e.what();
-}
+[[nodiscard]] NITRO_INLINE std::string_view error_message(const std::exception& e) noexcept;
 
 }  // namespace nitro::memory
+
+#if !NITRO_COMPILED
+#include <nitro/memory/oom-inl.hpp>
+#endif

@@ -14,6 +14,7 @@
 // batch-size finder, accumulate::Adaptive) runs and is tested on the CPU as it would on a GPU.
 //
 //   nitro::memory::ScopedCpuTracking track{{.budget_bytes = 64_MiB}};
+#include <nitro/core/config.hpp>
 #include <nitro/core/error.hpp>
 
 #include <c10/core/Allocator.h>
@@ -58,69 +59,19 @@ struct TrackingOptions {
 /// a mutex: one lock per allocation and per free. A measuring tool, not for the training hot path.
 class TrackingAllocator final : public c10::Allocator {
  public:
-  explicit TrackingAllocator(c10::Allocator* base, TrackingOptions options = {})
-      : base_(base), counters_(std::make_shared<Counters>()) {
-    NITRO_CHECK(base_ != nullptr, "TrackingAllocator: the allocator to wrap is null");
-    set_budget(options.budget_bytes);
-  }
+  NITRO_INLINE explicit TrackingAllocator(c10::Allocator* base, TrackingOptions options = {});
 
-  c10::DataPtr allocate(std::size_t bytes) override {
-    const auto n = static_cast<std::int64_t>(bytes);
-    // Reserve first, so concurrent allocations cannot pass the budget together.
-    const auto live = counters_->live.fetch_add(n, std::memory_order_relaxed) + n;
-    const auto budget = counters_->budget.load(std::memory_order_relaxed);
-    if (budget > 0 && live > budget && n > 0) [[unlikely]] {
-      counters_->live.fetch_sub(n, std::memory_order_relaxed);
-      counters_->refused.fetch_add(1, std::memory_order_relaxed);
-      refuse(n, live - n, budget);
-    }
-    c10::DataPtr inner;
-    try {
-      inner = base_->allocate(bytes);
-    } catch (...) {
-      counters_->live.fetch_sub(n, std::memory_order_relaxed);
-      throw;
-    }
-    void* data = inner.get();
-    if (data == nullptr) {  // empty: nothing to count
-      counters_->live.fetch_sub(n, std::memory_order_relaxed);
-      return inner;
-    }
-    const auto device = inner.device();
-    const auto deleter = inner.get_deleter();
-    void* context = inner.release_context();
-    {
-      auto& t = table();
-      std::lock_guard<std::mutex> lock(t.mutex);
-      // A tracker wrapping another (nested scopes): the outer one registered this block first; it
-      // is kept under this one's, and put back when this one's deleter has counted the free.
-      auto& slot = t.blocks[data];
-      auto below = slot.counters ? std::make_unique<Block>(std::move(slot)) : nullptr;
-      slot = Block{context, deleter, n, counters_, std::move(below)};
-    }
-    auto peak = counters_->peak.load(std::memory_order_relaxed);
-    while (live > peak && !counters_->peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
-    }
-    counters_->allocated.fetch_add(n, std::memory_order_relaxed);
-    counters_->allocations.fetch_add(1, std::memory_order_relaxed);
-    return {data, data, &release, device};
-  }
+  NITRO_INLINE c10::DataPtr allocate(std::size_t bytes) override;
 
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
-  AllocationStats stats() const noexcept {
-    return {counters_->live.load(),        counters_->peak.load(),  counters_->allocated.load(),
-            counters_->allocations.load(), counters_->frees.load(), counters_->refused.load()};
-  }
+  NITRO_INLINE AllocationStats stats() const noexcept;
   /// Starts a new peak from what is live now.
   void reset_peak() noexcept { counters_->peak.store(counters_->live.load()); }
   /// Live bytes allowed from now on (0: no budget). Lowering it below what is live refuses the
   /// next allocation, frees nothing.
-  void set_budget(std::int64_t bytes) {
-    NITRO_CHECK(bytes >= 0, "TrackingAllocator: budget_bytes must be >= 0 (0 means no budget), got ", bytes);
-    counters_->budget.store(bytes);
-  }
+  NITRO_INLINE void set_budget(std::int64_t bytes);
   std::int64_t budget() const noexcept { return counters_->budget.load(); }
   c10::Allocator* base() const noexcept { return base_; }
 
@@ -146,25 +97,8 @@ class TrackingAllocator final : public c10::Allocator {
     std::mutex mutex;
     std::unordered_map<void*, Block> blocks;
   };
-  static Table& table() {
-    static auto* t = new Table;  // never destroyed: blocks may be freed during static destruction
-    return *t;
-  }
-  static void release(void* data) {
-    Block block;
-    {
-      auto& t = table();
-      std::lock_guard<std::mutex> lock(t.mutex);
-      const auto it = t.blocks.find(data);
-      if (it == t.blocks.end()) return;  // not ours: cannot happen, and never worth a crash
-      block = std::move(it->second);
-      if (block.below) it->second = std::move(*block.below);  // for the wrapped tracker's deleter
-      else t.blocks.erase(it);
-    }
-    block.counters->live.fetch_sub(block.bytes, std::memory_order_relaxed);
-    block.counters->frees.fetch_add(1, std::memory_order_relaxed);
-    if (block.deleter != nullptr) block.deleter(block.context);
-  }
+  NITRO_INLINE static Table& table();
+  NITRO_INLINE static void release(void* data);
 
   c10::Allocator* base_;
   std::shared_ptr<Counters> counters_;
@@ -179,10 +113,7 @@ class TrackingAllocator final : public c10::Allocator {
 /// retired (kept, a few bytes) rather than destroyed.
 class ScopedCpuTracking {
  public:
-  explicit ScopedCpuTracking(TrackingOptions options = {})
-      : previous_(c10::GetCPUAllocator()), tracker_(retire(std::make_unique<TrackingAllocator>(previous_, options))) {
-    c10::SetCPUAllocator(tracker_, kPriority);
-  }
+  NITRO_INLINE explicit ScopedCpuTracking(TrackingOptions options = {});
   ScopedCpuTracking(const ScopedCpuTracking&) = delete;
   ScopedCpuTracking& operator=(const ScopedCpuTracking&) = delete;
   ~ScopedCpuTracking() { c10::SetCPUAllocator(previous_, kPriority); }
@@ -197,15 +128,13 @@ class ScopedCpuTracking {
   // SetCPUAllocator ignores a lower priority than the one in force; the highest always applies.
   static constexpr std::uint8_t kPriority = 255;
   // Every scope's allocator, kept for the life of the process (reachable, so not a leak to LSan).
-  static TrackingAllocator* retire(std::unique_ptr<TrackingAllocator> tracker) {
-    static auto* mutex = new std::mutex;
-    static auto* kept = new std::vector<std::unique_ptr<TrackingAllocator>>;
-    std::lock_guard<std::mutex> lock(*mutex);
-    kept->push_back(std::move(tracker));
-    return kept->back().get();
-  }
+  NITRO_INLINE static TrackingAllocator* retire(std::unique_ptr<TrackingAllocator> tracker);
   c10::Allocator* previous_;
   TrackingAllocator* tracker_;
 };
 
 }  // namespace nitro::memory
+
+#if !NITRO_COMPILED
+#include <nitro/memory/tracking_allocator-inl.hpp>
+#endif

@@ -4,6 +4,7 @@
 // finder sets it around each trial (TrialScope); TrainingLoop::step and flush() read it, one
 // thread-local load when no search runs, and throw nitro::Error for a loop the finder would leave
 // changed. Loops are known by address: memory/ does not include train/.
+#include <nitro/core/config.hpp>
 #include <nitro/core/error.hpp>
 
 #include <cstddef>
@@ -25,7 +26,7 @@ inline thread_local constinit const TrialLoops* trial_loops = nullptr;
 /// that puts back after each of its trials.
 class TrialScope {
  public:
-  explicit TrialScope(const TrialLoops& loops) noexcept : previous_(trial_loops) { trial_loops = &loops; }
+  NITRO_INLINE explicit TrialScope(const TrialLoops& loops) noexcept;
   TrialScope(const TrialScope&) = delete;
   TrialScope& operator=(const TrialScope&) = delete;
   ~TrialScope() { trial_loops = previous_; }
@@ -56,3 +57,7 @@ class TrialScope {
 }
 
 }  // namespace nitro::memory::detail
+
+#if !NITRO_COMPILED
+#include <nitro/memory/trial_loops-inl.hpp>
+#endif

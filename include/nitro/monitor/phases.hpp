@@ -25,6 +25,7 @@
 // Time inside a pause is left out of the next step's data wait and step time (evaluation, a
 // snapshot, another model's step). Samples are the rows of the batch (the size of dimension 0 of
 // its first tensor).
+#include <nitro/core/config.hpp>
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/device.hpp>
 #include <nitro/core/error.hpp>
@@ -100,18 +101,7 @@ class Recorder {
 
   /// `device` is where the model is; a CUDA device without an index means the current one, resolved
   /// now (events and memory figures are then always of that device, whatever is current later).
-  explicit Recorder(const Options& options = Options{}, const c10::Device& device = c10::Device(c10::kCPU))
-      : o_(options), device_(concrete_device(device)) {
-    NITRO_CHECK(o_.window >= 1, "monitor::Phases: window must be >= 1 (steps kept for percentiles), got ",
-                o_.window);
-    NITRO_CHECK(o_.warmup_steps >= 0, "monitor::Phases: warmup_steps must be >= 0, got ", o_.warmup_steps);
-    NITRO_CHECK(o_.memory_every >= 0, "monitor::Phases: memory_every must be >= 0 (0: never), got ", o_.memory_every);
-    ring_.resize(static_cast<std::size_t>(o_.window));
-#if NITRO_WITH_CUDA
-    events_ = o_.device_timing && device_.is_cuda();
-    if (events_) pool_.resize(kPending);
-#endif
-  }
+  NITRO_INLINE explicit Recorder(const Options& options = Options{}, const c10::Device& device = c10::Device(c10::kCPU));
 
   /// The loop calls these four (see nitro::PhaseRecorder).
   void begin_step() {
@@ -167,9 +157,7 @@ class Recorder {
     }
     Pause(const Pause&) = delete;
     Pause& operator=(const Pause&) = delete;
-    ~Pause() {
-      if (r_->pause_epoch_ == epoch_ && --r_->pause_depth_ == 0) r_->end_pause(Clock::now());
-    }
+    NITRO_INLINE ~Pause();
 
    private:
     Recorder* r_;
@@ -181,38 +169,14 @@ class Recorder {
   /// in it; resolve() adds them.
   const Totals& totals() const noexcept { return totals_; }
   /// The last min(window, counted steps) steps, oldest first (call resolve() first on a GPU).
-  std::vector<StepRecord> window() const {
-    std::vector<StepRecord> out;
-    const auto n = static_cast<std::size_t>(std::min<std::int64_t>(totals_.steps, o_.window));
-    out.reserve(n);
-    const auto size = ring_.size();
-    for (std::size_t i = 0; i < n; ++i) out.push_back(ring_[(head_ + size - n + i) % size]);
-    return out;
-  }
+  NITRO_INLINE std::vector<StepRecord> window() const;
   /// GPU: waits for the device to pass every recorded step and adds them to the figures. Nothing
   /// to do on the CPU.
-  void resolve() {
-#if NITRO_WITH_CUDA
-    while (pending_count_ > 0) resolve_oldest(/*wait=*/true);
-#endif
-  }
+  NITRO_INLINE void resolve();
   /// Reads memory now (the CPU's, and the model's GPU's) and folds it into the peaks.
-  memory::MemorySnapshot read_memory() {
-    auto snap = memory::snapshot(device_.is_cuda() ? std::optional<int>(device_.index()) : std::nullopt);
-    ++totals_.memory_readings;
-    totals_.peak_cpu_resident_bytes = std::max(totals_.peak_cpu_resident_bytes, snap.cpu.resident_bytes);
-    if (snap.cuda) totals_.peak_cuda_allocated_bytes = std::max(totals_.peak_cuda_allocated_bytes, snap.cuda->peak_allocated_bytes);
-    return snap;
-  }
+  NITRO_INLINE memory::MemorySnapshot read_memory();
   /// Forgets every step (the next step counts as the first: warm-up again).
-  void reset() {
-    cancel_pauses();
-    resolve();
-    totals_ = {};
-    head_ = 0;
-    next_step_ = 0;
-    ended_ = false;
-  }
+  NITRO_INLINE void reset();
 
   /// What the recorder has counted, to put back later (memory::find_max_batch_size keeps its trial
   /// steps out of the figures this way). Reading it resolves pending GPU steps first.
@@ -223,64 +187,26 @@ class Recorder {
     std::int64_t next_step = 0;
     bool ended = false;
   };
-  State state() {
-    resolve();
-    return {ring_, head_, totals_, next_step_, ended_};
-  }
-  void load_state(State s) {
-    NITRO_CHECK(s.ring.size() == ring_.size(), "monitor::Recorder::load_state: the state keeps ", s.ring.size(),
-                " steps but this recorder keeps ", ring_.size(), " (its window option)");
-    cancel_pauses();
-    resolve();
-    ring_ = std::move(s.ring);
-    head_ = s.head;
-    totals_ = s.totals;
-    next_step_ = s.next_step;
-    ended_ = s.ended;
-    // Not the saved end: the time since then (a batch-size search) is no step's data wait.
-    end_ = Clock::now();
-  }
+  NITRO_INLINE State state();
+  NITRO_INLINE void load_state(State s);
 
   const Options& options() const noexcept { return o_; }
   c10::DeviceType device_type() const noexcept { return device_.type(); }
   /// The device whose events and memory the recorder reads (a concrete index on a GPU).
   c10::Device device() const noexcept { return device_; }
   /// Whether forward/backward/optimizer are device times (CUDA events).
-  bool device_timed() const noexcept {
-#if NITRO_WITH_CUDA
-    return events_;
-#else
-    return false;
-#endif
-  }
+  NITRO_INLINE bool device_timed() const noexcept;
 
  private:
   // The time paused since the later of the pause's start and the last step's end is not data wait:
   // the reference point of the next step's data wait and step time moves by it (never past now).
-  void end_pause(Clock::time_point now) noexcept {
-    if (ended_) end_ += now - std::max(pause_from_, end_);
-  }
+  NITRO_INLINE void end_pause(Clock::time_point now) noexcept;
   // Open pauses count for nothing more (their objects, when they go, change nothing).
-  void cancel_pauses() noexcept {
-    pause_depth_ = 0;
-    ++pause_epoch_;
-  }
+  NITRO_INLINE void cancel_pauses() noexcept;
 
-  static float ms(Clock::time_point a, Clock::time_point b) noexcept {
-    return std::chrono::duration<float, std::milli>(b - a).count();
-  }
+  NITRO_INLINE static float ms(Clock::time_point a, Clock::time_point b) noexcept;
 
-  void commit(const StepRecord& r) {
-    if (r.step < o_.warmup_steps) return;
-    ring_[head_] = r;
-    head_ = (head_ + 1) % ring_.size();
-    ++totals_.steps;
-    totals_.samples += r.samples;
-    for (int p = 0; p < phase_count; ++p) totals_.phase_ms[static_cast<std::size_t>(p)] += r.phase_ms[static_cast<std::size_t>(p)];
-    totals_.step_ms += r.step_ms;
-    totals_.idle_steps += r.device_idle ? 1 : 0;
-    if (o_.memory_every > 0 && totals_.steps % o_.memory_every == 0) read_memory();
-  }
+  NITRO_INLINE void commit(const StepRecord& r);
 
 #if NITRO_WITH_CUDA
   // A step's events: one at its start, one after each mark, up to kMarks (later marks merge into
@@ -292,58 +218,18 @@ class Recorder {
     std::array<Phase, kMarks> phases{};
     int marks = 0;
     StepRecord record;
-    Pending() {
-      for (auto& e : events) e = at::cuda::CUDAEvent(cudaEventDefault);
-    }
+    NITRO_INLINE Pending();
   };
 
-  void begin_events(bool paused) {
-    // Read the steps the device has passed; wait only when every slot is taken.
-    while (pending_count_ > 0 && resolve_oldest(/*wait=*/false)) {
-    }
-    if (pending_count_ == kPending) resolve_oldest(/*wait=*/true);
-    current_.device_idle = !paused && last_recorded_ != nullptr && last_recorded_->query();
-    auto& p = pool_[(pending_first_ + pending_count_) % kPending];
-    p.marks = 0;
-    p.events[0].record(stream());
-  }
+  NITRO_INLINE void begin_events(bool paused);
   // The stream the model's work goes to: the current stream of the model's device (not of the
   // current device, which may be another).
   c10::cuda::CUDAStream stream() const { return c10::cuda::getCurrentCUDAStream(device_.index()); }
-  void mark_event(Phase phase) {
-    auto& p = pool_[(pending_first_ + pending_count_) % kPending];
-    if (p.marks < kMarks) {
-      p.phases[static_cast<std::size_t>(p.marks)] = phase;
-      ++p.marks;
-    } else {
-      p.phases[kMarks - 1] = phase;  // merged into the last event
-    }
-    p.events[static_cast<std::size_t>(p.marks)].record(stream());
-  }
-  void end_events() {
-    auto& p = pool_[(pending_first_ + pending_count_) % kPending];
-    p.record = current_;
-    last_recorded_ = &p.events[static_cast<std::size_t>(p.marks)];
-    ++pending_count_;
-  }
+  NITRO_INLINE void mark_event(Phase phase);
+  NITRO_INLINE void end_events();
   // Folds the oldest pending step in once the device has passed it; false when it has not (and
   // `wait` is false).
-  bool resolve_oldest(bool wait) {
-    auto& p = pool_[pending_first_];
-    auto& last = p.events[static_cast<std::size_t>(p.marks)];
-    if (!wait && !last.query()) return false;
-    last.synchronize();
-    StepRecord r = p.record;
-    for (int p_i = 1; p_i < phase_count; ++p_i) r.phase_ms[static_cast<std::size_t>(p_i)] = 0;
-    for (int m = 0; m < p.marks; ++m) {
-      r.phase_ms[static_cast<std::size_t>(p.phases[static_cast<std::size_t>(m)])] +=
-          p.events[static_cast<std::size_t>(m)].elapsed_time(p.events[static_cast<std::size_t>(m + 1)]);
-    }
-    pending_first_ = (pending_first_ + 1) % kPending;
-    --pending_count_;
-    commit(r);
-    return true;
-  }
+  NITRO_INLINE bool resolve_oldest(bool wait);
 
   bool events_ = false;
   std::vector<Pending> pool_;
@@ -378,3 +264,7 @@ struct Phases {
 static_assert(MonitorPolicy<Phases>);
 
 }  // namespace nitro::monitor
+
+#if !NITRO_COMPILED
+#include <nitro/monitor/phases-inl.hpp>
+#endif

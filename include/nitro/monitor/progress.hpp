@@ -105,35 +105,12 @@ struct ProgressOptions {
 /// "mm:ss" below an hour, "h:mm:ss" from one hour on, as tqdm; fractions of a second are dropped.
 /// "??:??" for a negative or non-finite duration.
 ///   format_duration(65) == "01:05", format_duration(3725) == "1:02:05"
-[[nodiscard]] inline std::string format_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0 || seconds >= 1e15) return "??:??";
-  const auto total = static_cast<long long>(seconds);
-  const long long h = total / 3600;
-  const long long m = total / 60 % 60;
-  const long long s = total % 60;
-  char text[48];
-  if (h > 0) {
-    std::snprintf(text, sizeof text, "%lld:%02lld:%02lld", h, m, s);
-  } else {
-    std::snprintf(text, sizeof text, "%02lld:%02lld", m, s);
-  }
-  return text;
-}
+[[nodiscard]] NITRO_INLINE std::string format_duration(double seconds);
 
 /// The rate of `count` units over `elapsed_s` seconds: "37.1 it/s", or "2.50 s/it" when slower
 /// than one a second; "? it/s" before there is a rate to speak of.
 ///   format_rate(371, 10.0, "it") == "37.1 it/s"
-[[nodiscard]] inline std::string format_rate(std::int64_t count, double elapsed_s, const std::string& unit) {
-  char text[64];
-  if (count <= 0 || !(elapsed_s > 0) || !std::isfinite(elapsed_s)) return "? " + unit + "/s";
-  const double rate = static_cast<double>(count) / elapsed_s;
-  if (rate >= 1.0) {
-    std::snprintf(text, sizeof text, "%.1f ", rate);
-    return text + unit + "/s";
-  }
-  std::snprintf(text, sizeof text, "%.2f s/", 1.0 / rate);
-  return text + unit;
-}
+[[nodiscard]] NITRO_INLINE std::string format_rate(std::int64_t count, double elapsed_s, const std::string& unit);
 
 /// A progress line on a stream: a bar on a terminal, plain lines elsewhere. See the top of this file.
 ///
@@ -141,95 +118,35 @@ struct ProgressOptions {
 ///   bar.update(64, loss);                    // loss: a StepResult, a one-element tensor or a double
 class ProgressBar {
  public:
-  explicit ProgressBar(ProgressOptions options) : options_(std::move(options)) {
-    const auto& o = options_;
-    NITRO_CHECK(o.total >= 0, "ProgressBar: total must be >= 0 (0 when the number of steps is unknown), got ",
-                o.total);
-    NITRO_CHECK(o.loss_every >= 1, "ProgressBar: loss_every must be >= 1 (1 reads the loss on every update), got ",
-                o.loss_every);
-    NITRO_CHECK(o.loss_window >= 1,
-                "ProgressBar: loss_window must be >= 1 (the number of last losses averaged; 1 shows the last one), got ",
-                o.loss_window);
-    NITRO_CHECK(o.refresh_s >= 0 && std::isfinite(o.refresh_s),
-                "ProgressBar: refresh_s must be a finite number of seconds >= 0, got ", o.refresh_s);
-    NITRO_CHECK(o.plain_every_s >= 0 && std::isfinite(o.plain_every_s),
-                "ProgressBar: plain_every_s must be a finite number of seconds >= 0, got ", o.plain_every_s);
-    NITRO_CHECK(o.stream != nullptr, "ProgressBar: stream is null; pass stderr, stdout or an open FILE*");
-    NITRO_CHECK(o.width >= 0, "ProgressBar: width must be >= 0 (0: the terminal's width), got ", o.width);
-    window_.resize(static_cast<std::size_t>(o.loss_window));
-    terminal_ = o.terminal.value_or(::isatty(::fileno(o.stream)) == 1);
-    start_ = now_s();
-    if (!o.every_rank && !nitro::is_main_process()) {  // another rank draws: count, never draw
-      closed_ = true;
-      next_draw_ = std::numeric_limits<double>::infinity();
-    } else if (terminal_) {
-      draw(start_);
-    } else {
-      next_draw_ = start_ + o.plain_every_s;
-    }
-  }
+  NITRO_INLINE explicit ProgressBar(ProgressOptions options);
 
   ProgressBar(const ProgressBar&) = delete;
   ProgressBar& operator=(const ProgressBar&) = delete;
 
   /// Closes the bar (see close()); never throws.
-  ~ProgressBar() {
-    try {
-      close();
-    } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw; the line is cosmetic
-    }
-  }
+  NITRO_INLINE ~ProgressBar();
 
   /// Counts n more units and redraws if a draw is due. n must be >= 0.
-  void update(std::int64_t n = 1) {
-    check_n(n);
-    advance(n);
-  }
+  NITRO_INLINE void update(std::int64_t n = 1);
 
   /// As update(n), and keeps the loss: a one-element tensor (any device, dtype, requires_grad or
   /// not; kept detached), one of the last loss_window averaged. The kept losses are read on the 1st,
   /// (K+1)th, (2K+1)th... call (K = loss_every).
-  void update(std::int64_t n, const at::Tensor& loss) {
-    check_n(n);
-    NITRO_CHECK(loss.defined(), "ProgressBar::update: the loss tensor is undefined; pass the loss of the step");
-    NITRO_CHECK(loss.numel() == 1, "ProgressBar::update: the loss must have one element, got ", loss.numel(),
-                "; pass loss.mean() or the reduced loss");
-    keep({loss.requires_grad() ? loss.detach() : loss, 0.0});
-    advance(n);
-  }
+  NITRO_INLINE void update(std::int64_t n, const at::Tensor& loss);
 
   /// As update(n, result.loss): the loss of a TrainingLoop step.
   ///   bar.update(1, loop.step(batch, loss_fn));
   void update(std::int64_t n, const StepResult& result) { update(n, result.loss); }
 
   /// As update(n, loss) with a loss already on the host (e.g. loss.item<double>() the program read anyway).
-  void update(std::int64_t n, double loss) {
-    check_n(n);
-    keep({at::Tensor(), loss});
-    advance(n);
-  }
+  NITRO_INLINE void update(std::int64_t n, double loss);
 
   /// Text shown after the loss (e.g. "lr=3e-4"), from the next draw on.
   void set_postfix(std::string postfix) { postfix_ = std::move(postfix); }
 
   /// Draws the final state once: on a terminal the line and a newline, elsewhere one plain line.
   /// Later calls do nothing; update() still counts but no longer draws.
-  void close() {
-    if (closed_) return;
-    closed_ = true;
-    collect_loss(/*wait=*/true);
-    if (unread_) {  // losses kept since the last read: the final line shows the window as it ends
-      read_window();
-      collect_loss(/*wait=*/true);
-    }
-    next_draw_ = std::numeric_limits<double>::infinity();
-    const double now = now_s();
-    if (terminal_) {
-      write("\r" + terminal_line(now) + "\x1b[K\n");
-    } else {
-      write(plain_line(now) + "\n");
-    }
-  }
+  NITRO_INLINE void close();
 
   /// Units counted so far.
   [[nodiscard]] std::int64_t count() const noexcept { return count_; }
@@ -241,22 +158,11 @@ class ProgressBar {
   [[nodiscard]] const ProgressOptions& options() const noexcept { return options_; }
 
  private:
-  static void check_n(std::int64_t n) {
-    NITRO_CHECK(n >= 0, "ProgressBar::update: n must be >= 0 (units done since the last update), got ", n);
-  }
+  NITRO_INLINE static void check_n(std::int64_t n);
 
-  void advance(std::int64_t n) {
-    count_ += n;
-    const double now = now_s();
-    if (now >= next_draw_) [[unlikely]] {
-      draw(now);
-    }
-  }
+  NITRO_INLINE void advance(std::int64_t n);
 
-  double now_s() const {
-    if (options_.clock) return options_.clock();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-  }
+  NITRO_INLINE double now_s() const;
 
   // A loss: a tensor (value unused), or a number (tensor undefined).
   struct Kept {
@@ -265,15 +171,7 @@ class ProgressBar {
   };
 
   // Puts `loss` in the window, over the oldest, and reads the window when a read is due.
-  void keep(Kept loss) {
-    window_[next_] = std::move(loss);
-    if (++next_ == window_.size()) next_ = 0;
-    kept_ = std::min(kept_ + 1, window_.size());
-    unread_ = true;
-    if (loss_calls_++ % options_.loss_every == 0) [[unlikely]] {
-      read_window();
-    }
-  }
+  NITRO_INLINE void keep(Kept loss);
 
   // The mean of the kept losses: at once when all are on the host; for GPU losses, their sum on the
   // newest one's device, copied to pinned memory without blocking (collect_loss takes it).
@@ -319,17 +217,7 @@ class ProgressBar {
   }
 
   // Takes the value of the kept GPU loss once its copy has completed (or waits for it).
-  void collect_loss(bool wait) {
-#if NITRO_WITH_CUDA
-    if (!copy_pending_) return;
-    if (wait) copied_.synchronize();
-    else if (!copied_.query()) return;
-    copy_pending_ = false;
-    loss_average_ = (host_loss_.data_ptr<double>()[0] + pending_host_sum_) / static_cast<double>(pending_count_);
-#else
-    (void)wait;
-#endif
-  }
+  NITRO_INLINE void collect_loss(bool wait);
 
   [[gnu::noinline]] void draw(double now) {
     collect_loss(/*wait=*/false);
@@ -342,85 +230,21 @@ class ProgressBar {
     }
   }
 
-  void write(const std::string& text) const {
-    std::fwrite(text.data(), 1, text.size(), options_.stream);
-    std::fflush(options_.stream);
-  }
+  NITRO_INLINE void write(const std::string& text) const;
 
-  int columns() const {
-    if (options_.width > 0) return options_.width;
-    winsize size{};
-    if (::ioctl(::fileno(options_.stream), TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
-    return 80;
-  }
+  NITRO_INLINE int columns() const;
 
-  static std::string number(const char* format, double value) {
-    char text[64];
-    std::snprintf(text, sizeof text, format, value);
-    return text;
-  }
+  NITRO_INLINE static std::string number(const char* format, double value);
 
-  double remaining_s(double elapsed) const {
-    if (count_ <= 0 || !(elapsed > 0)) return std::numeric_limits<double>::quiet_NaN();
-    return std::max<double>(0, static_cast<double>(options_.total - count_)) * elapsed /
-           static_cast<double>(count_);
-  }
+  NITRO_INLINE double remaining_s(double elapsed) const;
 
-  int percent() const {
-    return static_cast<int>(std::floor(100.0 * static_cast<double>(count_) / static_cast<double>(options_.total)));
-  }
+  NITRO_INLINE int percent() const;
 
   // desc: 45%|#########           | 450/1000 [00:12<00:15, 37.1 it/s, loss=0.4321, postfix]
-  std::string terminal_line(double now) const {
-    const double elapsed = std::max(0.0, now - start_);
-    const bool known = options_.total > 0;
-    std::string stats = " " + std::to_string(count_);
-    if (known) {
-      stats += "/" + std::to_string(options_.total);
-    } else {
-      stats += " " + options_.unit;
-    }
-    stats += " [" + format_duration(elapsed);
-    if (known) stats += "<" + format_duration(remaining_s(elapsed));
-    stats += ", " + format_rate(count_, elapsed, options_.unit);
-    if (loss_average_) stats += ", loss=" + number("%.4g", *loss_average_);
-    if (!postfix_.empty()) stats += ", " + postfix_;
-    stats += "]";
-
-    const int width = columns();
-    std::string line = options_.desc + ":";
-    if (known) {
-      line += " " + std::to_string(percent()) + "%";
-      // The last column stays empty: writing into it wraps some terminals to a new line.
-      const int bar = width - 1 - static_cast<int>(line.size() + 2 + stats.size());
-      if (bar >= 4) {
-        const double fraction = std::clamp(static_cast<double>(count_) / static_cast<double>(options_.total), 0.0, 1.0);
-        const auto filled = static_cast<std::size_t>(fraction * bar);
-        line += "|" + std::string(filled, '#') + std::string(static_cast<std::size_t>(bar) - filled, ' ') + "|";
-      }
-    }
-    line += stats;
-    const auto limit = static_cast<std::size_t>(std::max(1, width - 1));
-    if (line.size() > limit) line.resize(limit);
-    return line;
-  }
+  NITRO_INLINE std::string terminal_line(double now) const;
 
   // desc: 450/1000 (45%) elapsed 00:12 eta 00:15 37.1 it/s loss 0.4321 postfix
-  std::string plain_line(double now) const {
-    const double elapsed = std::max(0.0, now - start_);
-    std::string line = options_.desc + ": " + std::to_string(count_);
-    if (options_.total > 0) {
-      line += "/" + std::to_string(options_.total) + " (" + std::to_string(percent()) + "%)";
-    } else {
-      line += " " + options_.unit;
-    }
-    line += " elapsed " + format_duration(elapsed);
-    if (options_.total > 0) line += " eta " + format_duration(remaining_s(elapsed));
-    line += " " + format_rate(count_, elapsed, options_.unit);
-    if (loss_average_) line += " loss " + number("%.4g", *loss_average_);
-    if (!postfix_.empty()) line += " " + postfix_;
-    return line;
-  }
+  NITRO_INLINE std::string plain_line(double now) const;
 
   ProgressOptions options_;
   bool terminal_ = false;
@@ -444,3 +268,7 @@ class ProgressBar {
 };
 
 }  // namespace nitro::monitor
+
+#if !NITRO_COMPILED
+#include <nitro/monitor/progress-inl.hpp>
+#endif

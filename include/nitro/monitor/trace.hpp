@@ -12,6 +12,7 @@
 // Open the file at https://ui.perfetto.dev (Open trace file) or in Chrome at chrome://tracing (Load).
 // Profiling costs time while it records (a few microseconds per operator, and CUPTI on a GPU): keep
 // N small. Only one profiler can be on in a process at a time: a second one is a nitro::Error.
+#include <nitro/core/config.hpp>
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/error.hpp>
 #include <nitro/core/rank.hpp>
@@ -51,44 +52,14 @@ struct TraceOptions {
 /// Records from construction to stop() (or destruction) and writes the trace file then.
 class TraceScope {
  public:
-  explicit TraceScope(TraceOptions options) : o_(std::move(options)) {
-    NITRO_CHECK(!o_.path.empty(), "monitor::TraceScope: the path is empty; name the trace file, e.g. \"trace.json\"");
-    const auto dir = o_.path.has_parent_path() ? o_.path.parent_path() : std::filesystem::path(".");
-    NITRO_CHECK(std::filesystem::is_directory(dir), "monitor::TraceScope: the directory of '", o_.path.string(),
-                "' does not exist; create it first");
-    NITRO_CHECK(!torch::profiler::impl::profilerEnabled(),
-                "monitor::TraceScope: a profiler is already recording in this process; stop it first (one at a time)");
-    using torch::profiler::impl::ActivityType;
-    std::set<ActivityType> activities{ActivityType::CPU};
-    if (torch::cuda::is_available()) activities.insert(ActivityType::CUDA);
-    const torch::profiler::impl::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO, o_.record_shapes,
-                                                       o_.profile_memory, o_.with_stack);
-    torch::autograd::profiler::prepareProfiler(config, activities);
-    torch::autograd::profiler::enableProfiler(config, activities);
-    on_ = true;
-  }
-  explicit TraceScope(std::filesystem::path path) : TraceScope(TraceOptions{.path = std::move(path)}) {}
+  NITRO_INLINE explicit TraceScope(TraceOptions options);
+  NITRO_INLINE explicit TraceScope(std::filesystem::path path);
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;
-  ~TraceScope() {
-    try {
-      stop();
-    } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw; call stop() to see errors
-    }
-  }
+  NITRO_INLINE ~TraceScope();
 
   /// Stops recording and writes the file (GPU work is waited for first). Idempotent.
-  void stop() {
-    if (!on_) return;
-    on_ = false;
-    if (torch::cuda::is_available()) torch::cuda::synchronize();
-    auto result = torch::autograd::profiler::disableProfiler();
-    NITRO_CHECK(result != nullptr, "monitor::TraceScope: the profiler returned no result");
-    events_ = static_cast<std::int64_t>(result->events().size());
-    result->save(o_.path.string());
-    NITRO_CHECK(std::filesystem::exists(o_.path), "monitor::TraceScope: the trace was not written to '",
-                o_.path.string(), "'; check that the directory is writable");
-  }
+  NITRO_INLINE void stop();
 
   [[nodiscard]] bool recording() const noexcept { return on_; }
   /// Events the profiler kept (after stop()).
@@ -109,10 +80,7 @@ class Trace {
   static constexpr bool enabled = true;
   using Options = TraceOptions;
 
-  explicit Trace(const Options& options) : o_(options) {
-    NITRO_CHECK(o_.start >= 0, "monitor::Trace: start must be >= 0 (the first optimizer step recorded), got ", o_.start);
-    NITRO_CHECK(o_.steps >= 1, "monitor::Trace: steps must be >= 1, got ", o_.steps);
-  }
+  NITRO_INLINE explicit Trace(const Options& options);
 
   template <class Loop>
   void on_step_begin(Loop& loop) {
@@ -152,13 +120,7 @@ class Trace {
 
   /// The trace was written.
   [[nodiscard]] bool done() const noexcept { return done_; }
-  [[nodiscard]] std::string report() const {
-    if (!note_.empty()) return "trace: " + note_;
-    return done_ ? "trace: steps " + std::to_string(o_.start) + ".." + std::to_string(o_.start + o_.steps - 1) +
-                       " in " + o_.path.string() + " (open at https://ui.perfetto.dev)"
-                 : "trace: not written yet (steps " + std::to_string(o_.start) + ".." +
-                       std::to_string(o_.start + o_.steps - 1) + ")";
-  }
+  [[nodiscard]] NITRO_INLINE std::string report() const;
 
  private:
   Options o_;
@@ -170,3 +132,7 @@ class Trace {
 };
 
 }  // namespace nitro::monitor
+
+#if !NITRO_COMPILED
+#include <nitro/monitor/trace-inl.hpp>
+#endif

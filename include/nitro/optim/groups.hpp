@@ -30,6 +30,7 @@
 //           Norm3d: BatchNorm2d, LayerNorm, GroupNorm, InstanceNorm1d, RMSNorm, a user's LayerNorm),
 //           Kind::embedding (the weight of an Embedding or EmbeddingBag, or a user's own *Embedding);
 //           combine with |.
+#include <nitro/core/config.hpp>
 #include <nitro/core/error.hpp>
 
 #include <ATen/core/Tensor.h>
@@ -72,47 +73,14 @@ struct Rule {
 namespace detail {
 
 /// '*' (any run, dots too) and '?' (one character) over the whole name.
-inline bool glob(std::string_view pattern, std::string_view name) {
-  std::size_t p = 0, n = 0, star = std::string_view::npos, mark = 0;
-  while (n < name.size()) {
-    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
-      ++p, ++n;
-    } else if (p < pattern.size() && pattern[p] == '*') {
-      star = p++, mark = n;
-    } else if (star != std::string_view::npos) {
-      p = star + 1, n = ++mark;
-    } else {
-      return false;
-    }
-  }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
-  return p == pattern.size();
-}
+NITRO_INLINE bool glob(std::string_view pattern, std::string_view name);
 
-inline bool name_matches(std::string_view pattern, std::string_view name) {
-  if (pattern.find_first_of("*?") != std::string_view::npos) return glob(pattern, name);
-  if (!pattern.empty() && pattern.back() == '.') return name.starts_with(pattern);
-  return name == pattern || (name.starts_with(pattern) && name.size() > pattern.size() && name[pattern.size()] == '.');
-}
+NITRO_INLINE bool name_matches(std::string_view pattern, std::string_view name);
 
 // The class name without namespaces and LibTorch's "Impl": torch::nn::BatchNorm2dImpl -> BatchNorm2d.
-inline std::string_view short_type(const std::string& type) {
-  std::string_view t = type;
-  if (const auto colon = t.rfind("::"); colon != std::string_view::npos) t.remove_prefix(colon + 2);
-  if (t.ends_with("Impl")) t.remove_suffix(4);
-  return t;
-}
+NITRO_INLINE std::string_view short_type(const std::string& type);
 
-inline Kind kind_of(const std::string& leaf, const torch::nn::Module& owner) {
-  Kind k = Kind::none;
-  if (leaf == "bias") k = k | Kind::bias;
-  if (leaf != "weight") return k;
-  const std::string_view type = short_type(owner.name());
-  if (type.ends_with("Norm") || type.ends_with("Norm1d") || type.ends_with("Norm2d") || type.ends_with("Norm3d"))
-    k = k | Kind::norm;
-  if (type.ends_with("Embedding") || type.ends_with("EmbeddingBag")) k = k | Kind::embedding;
-  return k;
-}
+NITRO_INLINE Kind kind_of(const std::string& leaf, const torch::nn::Module& owner);
 
 struct Found {
   std::vector<std::string> names;  // the first, then any other name the model gives it (a shared module)
@@ -122,17 +90,8 @@ struct Found {
 
 // Every trainable parameter once, in the model's order, with its kind (the module owning it) and
 // every name it has.
-inline void collect(const torch::nn::Module& module, const std::string& prefix, std::vector<Found>& out,
-                    std::unordered_map<const void*, std::size_t>& seen) {
-  for (const auto& p : module.named_parameters(/*recurse=*/false)) {
-    const at::Tensor& t = p.value();
-    if (!t.requires_grad()) continue;
-    const auto [it, fresh] = seen.emplace(t.unsafeGetTensorImpl(), out.size());
-    if (fresh) out.push_back({{prefix + p.key()}, t, kind_of(p.key(), module)});
-    else out[it->second].names.push_back(prefix + p.key());
-  }
-  for (const auto& child : module.named_children()) collect(*child.value(), prefix + child.key() + ".", out, seen);
-}
+NITRO_INLINE void collect(const torch::nn::Module& module, const std::string& prefix, std::vector<Found>& out,
+                    std::unordered_map<const void*, std::size_t>& seen);
 
 }  // namespace detail
 
@@ -196,3 +155,7 @@ std::vector<torch::optim::OptimizerParamGroup> groups(const torch::nn::Module& m
 }
 
 }  // namespace nitro::optim
+
+#if !NITRO_COMPILED
+#include <nitro/optim/groups-inl.hpp>
+#endif

@@ -22,6 +22,7 @@
 //
 // Unscaling (fp16) and clipping happen once per optimizer step. TrainingLoop::flush() steps on a
 // partial window at the end of an epoch, rescaled so it is the mean over the micro-batches it had.
+#include <nitro/core/config.hpp>
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/error.hpp>
 
@@ -63,17 +64,9 @@ struct Dynamic {
     /// Micro-batches per optimizer step, >= 1.
     std::int64_t steps = 1;
   };
-  static std::int64_t steps(const Options& o) {
-    NITRO_CHECK(o.steps >= 1, "accumulate::Dynamic: steps must be >= 1, got ", o.steps);
-    return o.steps;
-  }
+  NITRO_INLINE static std::int64_t steps(const Options& o);
   /// The options that reach `effective_batch` samples per step with micro-batches of `micro_batch`.
-  static Options for_batch(std::int64_t effective_batch, std::int64_t micro_batch) {
-    NITRO_CHECK(micro_batch >= 1 && effective_batch >= micro_batch && effective_batch % micro_batch == 0,
-                "accumulate::Dynamic::for_batch: the effective batch (", effective_batch,
-                ") must be a positive multiple of the micro-batch (", micro_batch, ")");
-    return {effective_batch / micro_batch};
-  }
+  NITRO_INLINE static Options for_batch(std::int64_t effective_batch, std::int64_t micro_batch);
 };
 
 /// One optimizer step per step() call; the batch is split into parts when memory runs out.
@@ -95,12 +88,7 @@ struct Adaptive {
     /// Called on each split, e.g. to log it. Optional.
     std::function<void(const SplitEvent&)> on_split;
   };
-  static std::int64_t steps(const Options& o) {
-    NITRO_CHECK(o.initial_split >= 1, "accumulate::Adaptive: initial_split must be >= 1, got ", o.initial_split);
-    NITRO_CHECK(o.max_split == 0 || o.max_split >= o.initial_split, "accumulate::Adaptive: max_split (", o.max_split,
-                ") must be 0 (no limit) or >= initial_split (", o.initial_split, ")");
-    return 1;
-  }
+  NITRO_INLINE static std::int64_t steps(const Options& o);
 };
 
 static_assert(AccumulationPolicy<Off> && AccumulationPolicy<Fixed<4>> && AccumulationPolicy<Dynamic> &&
@@ -115,3 +103,7 @@ concept SplitsOnOom = requires {
   requires static_cast<bool>(A::splits_on_oom);
 };
 }  // namespace nitro::detail
+
+#if !NITRO_COMPILED
+#include <nitro/train/accumulate-inl.hpp>
+#endif

@@ -11,6 +11,7 @@
 //                             skipped on inf/NaN, LibTorch's fused kernels; state saves and loads.
 //   StaticLossScale           a fixed scale; inf/NaN steps are still detected and skipped.
 //   AutocastGuard             RAII autocast region with the semantics of Python's torch.autocast.
+#include <nitro/core/config.hpp>
 #include <nitro/core/compat.hpp>
 #include <nitro/core/compat_autocast.hpp>
 #include <nitro/core/concepts.hpp>
@@ -39,21 +40,10 @@ namespace nitro {
 /// { nitro::AutocastGuard bf16{c10::DeviceType::CUDA, at::kBFloat16}; auto y = model->forward(x); }
 class AutocastGuard {
  public:
-  AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool enabled = true)
-      : device_(device),
-        was_enabled_(compat::autocast_enabled(device)),
-        was_dtype_(compat::autocast_dtype(device)) {
-    compat::set_autocast_enabled(device, enabled);
-    compat::set_autocast_dtype(device, dtype);
-    compat::autocast_increment_nesting();
-  }
+  NITRO_INLINE AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool enabled = true);
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
-  ~AutocastGuard() {
-    if (compat::autocast_decrement_nesting() == 0) compat::autocast_clear_cache();
-    compat::set_autocast_enabled(device_, was_enabled_);
-    compat::set_autocast_dtype(device_, was_dtype_);
-  }
+  NITRO_INLINE ~AutocastGuard();
 
  private:
   c10::DeviceType device_;
@@ -96,75 +86,36 @@ class GradGroups {
     for (auto& g : groups_)
       if (!g.grads.empty()) f(g);
   }
-  bool empty() const noexcept {
-    for (const auto& g : groups_)
-      if (!g.grads.empty()) return false;
-    return true;
-  }
+  NITRO_INLINE bool empty() const noexcept;
   /// Drops the references to the gradients (keeping the storage of the lists): once the optimizer
   /// has stepped and the gradients are set to none, nothing here may keep them allocated.
-  void release() noexcept {
-    for (auto& g : groups_) g.grads.clear();
-  }
+  NITRO_INLINE void release() noexcept;
 
  private:
-  Group& find(c10::Device device, c10::ScalarType dtype) {
-    for (auto& g : groups_)
-      if (g.device == device && g.dtype == dtype) return g;
-    return groups_.emplace_back(Group{device, dtype, {}});
-  }
+  NITRO_INLINE Group& find(c10::Device device, c10::ScalarType dtype);
   std::vector<Group> groups_;
 };
 
 /// Refuses float16 gradients, as torch.amp.GradScaler does.
-inline void check_unscalable(const GradGroups::Group& g) {
-  NITRO_CHECK(g.dtype != at::kHalf,
-              "amp: gradients are float16, so they cannot be unscaled safely (as torch.amp.GradScaler refuses "
-              "too); keep the parameters in float32 and let autocast run the float16 math");
-}
+NITRO_INLINE void check_unscalable(const GradGroups::Group& g);
 
 /// Multiplies every gradient by inv_scale and sets found_inf (a float32 scalar on its own device) to 1
 /// if any is inf or NaN, with LibTorch's fused kernel per device and dtype (empty tensors and every
 /// floating dtype welcome).
-inline void check_and_unscale(GradGroups& groups, const at::Tensor& inv_scale, at::Tensor& found_inf) {
-  groups.for_each([&](GradGroups::Group& g) {
-    if (g.device == found_inf.device()) {
-      at::_amp_foreach_non_finite_check_and_unscale_(g.grads, found_inf, inv_scale);
-    } else {
-      // Gradients on another device: check there, then fold into the scale's device (rare: models
-      // split across devices). One small copy, no synchronisation.
-      auto local = at::zeros({}, found_inf.options().device(g.device));
-      at::_amp_foreach_non_finite_check_and_unscale_(g.grads, local, inv_scale.to(g.device, /*non_blocking=*/true));
-      found_inf.add_(local.to(found_inf.device(), /*non_blocking=*/true));
-    }
-  });
-}
+NITRO_INLINE void check_and_unscale(GradGroups& groups, const at::Tensor& inv_scale, at::Tensor& found_inf);
 
 /// check_and_unscale for a loss scaler: float16 gradients refused first.
-inline void unscale_grads(GradGroups& groups, const at::Tensor& inv_scale, at::Tensor& found_inf) {
-  groups.for_each(check_unscalable);
-  check_and_unscale(groups, inv_scale, found_inf);
-}
+NITRO_INLINE void unscale_grads(GradGroups& groups, const at::Tensor& inv_scale, at::Tensor& found_inf);
 
 /// Divides the gradients by `scale` (inverse computed in double, as GradScaler does); returns found_inf.
-inline at::Tensor unscale_by(const at::Tensor& scale, GradGroups& grads) {
-  const auto inv_scale = scale.to(at::kDouble).reciprocal().to(at::kFloat);
-  auto found_inf = at::zeros({}, scale.options());
-  unscale_grads(grads, inv_scale, found_inf);
-  return found_inf;
-}
+NITRO_INLINE at::Tensor unscale_by(const at::Tensor& scale, GradGroups& grads);
 
 /// found_inf without changing the gradients: a float32 scalar on `device`, 1 when a gradient holds
 /// inf or NaN. The same fused kernel with a scale of exactly 1 (as torch.amp.GradScaler checks the
 /// gradients of a fused optimizer): every value times 1 is itself; one pass per device and dtype and
 /// no tensor per gradient (fused infinity norms, read-only, made a tensor per gradient and were
 /// several times slower).
-inline at::Tensor nonfinite_flag(GradGroups& groups, c10::Device device) {
-  const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
-  auto found_inf = at::zeros({}, options);
-  check_and_unscale(groups, at::ones({}, options), found_inf);
-  return found_inf;
-}
+NITRO_INLINE at::Tensor nonfinite_flag(GradGroups& groups, c10::Device device);
 
 }  // namespace detail
 
@@ -179,60 +130,27 @@ class DynamicLossScale {
     std::int64_t growth_interval = 2000;
   };
 
-  DynamicLossScale() : DynamicLossScale(Options{}) {}
-  explicit DynamicLossScale(Options options) : o_(options) {
-    NITRO_CHECK(std::isfinite(o_.init_scale) && o_.init_scale > 0, "DynamicLossScale: init_scale must be > 0, got ",
-                o_.init_scale);
-    NITRO_CHECK(o_.growth_factor > 1.0, "DynamicLossScale: growth_factor must be > 1, got ", o_.growth_factor);
-    NITRO_CHECK(o_.backoff_factor > 0.0 && o_.backoff_factor < 1.0,
-                "DynamicLossScale: backoff_factor must be in (0, 1), got ", o_.backoff_factor);
-    NITRO_CHECK(o_.growth_interval >= 1, "DynamicLossScale: growth_interval must be >= 1, got ", o_.growth_interval);
-  }
+  NITRO_INLINE DynamicLossScale();
+  NITRO_INLINE explicit DynamicLossScale(Options options);
 
   /// loss * scale (the scale is created on the loss's device on first use).
-  at::Tensor scale(const at::Tensor& loss) {
-    if (!scale_.defined()) {
-      scale_ = at::full({}, o_.init_scale, at::TensorOptions().dtype(at::kFloat).device(loss.device()));
-      growth_tracker_ = at::full({}, init_tracker_, at::TensorOptions().dtype(at::kInt).device(loss.device()));
-    }
-    return loss * scale_.to(loss.device(), /*non_blocking=*/true);
-  }
+  NITRO_INLINE at::Tensor scale(const at::Tensor& loss);
 
   /// Unscales the gradients in place; returns found_inf, a float32 scalar that is > 0 when any
   /// gradient was inf or NaN (read it to decide the step, as GradScaler.step does).
-  at::Tensor unscale(detail::GradGroups& grads) {
-    NITRO_CHECK(scale_.defined(), "DynamicLossScale: unscale before any loss was scaled; call scale(loss) first");
-    return detail::unscale_by(scale_, grads);
-  }
+  NITRO_INLINE at::Tensor unscale(detail::GradGroups& grads);
 
   /// After the optimizer step (or its skip): back off on inf/NaN, grow after growth_interval
   /// finite steps, with LibTorch's fused kernel. No synchronisation.
-  void update(const at::Tensor& found_inf) {
-    NITRO_EXPECTS(scale_.defined());
-    at::_amp_update_scale_(scale_, growth_tracker_, found_inf, o_.growth_factor, o_.backoff_factor,
-                           o_.growth_interval);
-  }
+  NITRO_INLINE void update(const at::Tensor& found_inf);
 
   /// The scale as a device tensor (undefined before the first loss); no synchronisation.
   const at::Tensor& scale_tensor() const noexcept { return scale_; }
   /// The scale as a number; synchronises when the scale is on a GPU.
   double current_scale() const { return scale_.defined() ? scale_.item<double>() : o_.init_scale; }
 
-  LossScaleState state_dict() const {
-    return {current_scale(), o_.growth_factor, o_.backoff_factor, o_.growth_interval,
-            growth_tracker_.defined() ? growth_tracker_.item<std::int64_t>() : init_tracker_};
-  }
-  void load_state_dict(const LossScaleState& s) {
-    DynamicLossScale check{{s.scale, s.growth_factor, s.backoff_factor, s.growth_interval}};
-    NITRO_CHECK(s.growth_tracker >= 0 && s.growth_tracker < s.growth_interval,
-                "DynamicLossScale: growth_tracker must be in [0, growth_interval), got ", s.growth_tracker);
-    o_ = {s.scale, s.growth_factor, s.backoff_factor, s.growth_interval};
-    init_tracker_ = s.growth_tracker;
-    if (scale_.defined()) {
-      scale_.fill_(s.scale);
-      growth_tracker_.fill_(s.growth_tracker);
-    }
-  }
+  NITRO_INLINE LossScaleState state_dict() const;
+  NITRO_INLINE void load_state_dict(const LossScaleState& s);
   const Options& options() const noexcept { return o_; }
 
  private:
@@ -248,27 +166,15 @@ class StaticLossScale {
   struct Options {
     double scale = 1024.0;
   };
-  StaticLossScale() : StaticLossScale(Options{}) {}
-  explicit StaticLossScale(Options options) : o_(options) {
-    NITRO_CHECK(std::isfinite(o_.scale) && o_.scale > 0, "StaticLossScale: scale must be > 0, got ", o_.scale);
-  }
-  at::Tensor scale(const at::Tensor& loss) {
-    if (!scale_.defined()) scale_ = at::full({}, o_.scale, at::TensorOptions().dtype(at::kFloat).device(loss.device()));
-    return loss * scale_;
-  }
-  at::Tensor unscale(detail::GradGroups& grads) {
-    NITRO_CHECK(scale_.defined(), "StaticLossScale: unscale before any loss was scaled; call scale(loss) first");
-    return detail::unscale_by(scale_, grads);
-  }
+  NITRO_INLINE StaticLossScale();
+  NITRO_INLINE explicit StaticLossScale(Options options);
+  NITRO_INLINE at::Tensor scale(const at::Tensor& loss);
+  NITRO_INLINE at::Tensor unscale(detail::GradGroups& grads);
   void update(const at::Tensor&) noexcept {}
   const at::Tensor& scale_tensor() const noexcept { return scale_; }
   double current_scale() const noexcept { return o_.scale; }
   LossScaleState state_dict() const { return {o_.scale, 1.0, 1.0, 1, 0}; }
-  void load_state_dict(const LossScaleState& s) {
-    StaticLossScale check{{s.scale}};
-    o_.scale = s.scale;
-    if (scale_.defined()) scale_.fill_(s.scale);
-  }
+  NITRO_INLINE void load_state_dict(const LossScaleState& s);
   const Options& options() const noexcept { return o_; }
 
  private:
@@ -319,3 +225,7 @@ static_assert(AmpPolicy<Off> && AmpPolicy<Bf16> && AmpPolicy<Fp16<>> && AmpPolic
 
 }  // namespace amp
 }  // namespace nitro
+
+#if !NITRO_COMPILED
+#include <nitro/train/amp-inl.hpp>
+#endif

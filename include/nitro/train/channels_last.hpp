@@ -14,6 +14,7 @@
 // into the new layout at their next step. Convert first, then build the optimizer.
 // A gradient already there is converted too. Other tensors (1-d biases, 2-d linear weights) are left
 // as they are: channels-last has no meaning for them.
+#include <nitro/core/config.hpp>
 #include <ATen/core/Tensor.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/MemoryFormat.h>
@@ -25,29 +26,13 @@ namespace nitro {
 
 /// Converts the module's 4-d parameters and buffers (recursively) to channels-last; returns how many
 /// tensors it changed.
-inline std::int64_t to_channels_last(torch::nn::Module& module) {
-  at::NoGradGuard no_grad;
-  std::int64_t changed = 0;
-  const auto convert = [&](at::Tensor& t) {
-    if (!t.defined() || t.dim() != 4 || t.is_contiguous(c10::MemoryFormat::ChannelsLast)) return;
-    t.set_data(t.contiguous(c10::MemoryFormat::ChannelsLast));
-    ++changed;
-  };
-  for (auto& p : module.parameters(/*recurse=*/true)) {
-    convert(p);
-    if (p.grad().defined() && p.grad().dim() == 4) p.mutable_grad() = p.grad().contiguous(c10::MemoryFormat::ChannelsLast);
-  }
-  for (auto& b : module.buffers(/*recurse=*/true)) convert(b);
-  return changed;
-}
+NITRO_INLINE std::int64_t to_channels_last(torch::nn::Module& module);
 
 /// Whether every 4-d parameter and buffer of the module is channels-last.
-inline bool is_channels_last(torch::nn::Module& module) {
-  for (const auto& p : module.parameters(/*recurse=*/true))
-    if (p.dim() == 4 && !p.is_contiguous(c10::MemoryFormat::ChannelsLast)) return false;
-  for (const auto& b : module.buffers(/*recurse=*/true))
-    if (b.dim() == 4 && !b.is_contiguous(c10::MemoryFormat::ChannelsLast)) return false;
-  return true;
-}
+NITRO_INLINE bool is_channels_last(torch::nn::Module& module);
 
 }  // namespace nitro
+
+#if !NITRO_COMPILED
+#include <nitro/train/channels_last-inl.hpp>
+#endif

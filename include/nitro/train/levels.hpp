@@ -28,6 +28,7 @@
 //                    bench_graphs measures it on a GPU.
 //
 // Add a policy to a level with `level::with`: `level::with<level::Advanced, monitor::Phases>`.
+#include <nitro/core/config.hpp>
 #include <nitro/hw/settings.hpp>
 #include <nitro/train/stability.hpp>
 #include <nitro/train/training_loop.hpp>
@@ -39,6 +40,7 @@ namespace nitro::level {
 using Basic = TrainingLoop<amp::Off, accumulate::Off, checkpoint::Off>;
 using Advanced = TrainingLoop<amp::Bf16, accumulate::Off, checkpoint::Off>;
 using Ultra = TrainingLoop<amp::Bf16, accumulate::Dynamic, checkpoint::Sqrt, clip::Norm, stability::Guard>;
+
 
 namespace detail {
 template <class Loop, class... More>
@@ -67,3 +69,18 @@ hw::Settings hardware() {
 }
 
 }  // namespace nitro::level
+
+#if NITRO_COMPILED
+// The levels' members defined out of the class are compiled in Nitro's library (src/train.cpp).
+NITRO_DETAIL_LOOP_MEMBERS(extern template, nitro::level::Basic);
+NITRO_DETAIL_LOOP_MEMBERS(extern template, nitro::level::Advanced);
+NITRO_DETAIL_LOOP_MEMBERS(extern template, nitro::level::Ultra);
+#endif
+
+
+template <>
+inline constexpr bool nitro::detail::is_predefined_level<nitro::level::Basic> = true;
+template <>
+inline constexpr bool nitro::detail::is_predefined_level<nitro::level::Advanced> = true;
+template <>
+inline constexpr bool nitro::detail::is_predefined_level<nitro::level::Ultra> = true;

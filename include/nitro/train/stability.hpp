@@ -35,6 +35,7 @@
 //
 // With check_every = 1 the guard reads one small tensor per optimizer step (what LoopOptions::
 // skip_nonfinite costs); the default 10 reads one every 10 (bench_monitor's guard_overhead).
+#include <nitro/core/config.hpp>
 #include <nitro/core/concepts.hpp>
 #include <nitro/core/error.hpp>
 #include <nitro/core/state_dict.hpp>
@@ -115,7 +116,7 @@ class Guard {
   static constexpr bool enabled = true;
   using Options = GuardOptions;
 
-  explicit Guard(const Options& options) : o_(validated(options)) {}
+  NITRO_INLINE explicit Guard(const Options& options);
 
   // At the end of every step() (each micro-batch; also a step replayed by graph::Capture and a batch
   // accumulate::Adaptive split): its loss is kept, and after an optimizer step the check may run.
@@ -140,95 +141,18 @@ class Guard {
 
   [[nodiscard]] const GuardCounts& counts() const noexcept { return counts_; }
   /// A line for the monitor's report.
-  [[nodiscard]] std::string report() const {
-    std::string out = "stability guard: " + std::to_string(counts_.checks) + " checks (every " +
-                      std::to_string(o_.check_every) + " steps), " + std::to_string(counts_.nonfinite) +
-                      " non-finite, " + std::to_string(counts_.spikes) + " spikes, " +
-                      std::to_string(counts_.restores) + " restores";
-    if (counts_.lr_scalings > 0) out += ", learning rate scaled " + std::to_string(counts_.lr_scalings) + " times";
-    if (counts_.skipped > 0) out += ", " + std::to_string(counts_.skipped) + " steps skipped by the loop";
-    return out;
-  }
+  [[nodiscard]] NITRO_INLINE std::string report() const;
   [[nodiscard]] const Options& options() const noexcept { return o_; }
   /// Whether a good state is kept on the host to restore.
   [[nodiscard]] bool has_backup() const noexcept { return backup_ != nullptr; }
 
   /// The counters and the spike window (the backup is not saved: a resumed run takes a new one at
   /// its first clean check).
-  [[nodiscard]] StateDict state_dict() const {
-    StateDict s;
-    s.integers["checks"] = counts_.checks;
-    s.integers["nonfinite"] = counts_.nonfinite;
-    s.integers["spikes"] = counts_.spikes;
-    s.integers["restores"] = counts_.restores;
-    s.integers["lr_scalings"] = counts_.lr_scalings;
-    s.integers["skipped"] = counts_.skipped;
-    s.numbers["last_good_loss"] = counts_.last_good_loss;
-    s.integers["last_good_step"] = counts_.last_good_step;
-    s.integers["since_check"] = since_check_;
-    std::vector<double> w(window_.begin(), window_.end());
-    s.tensors["window"] = at::tensor(w, at::kDouble);
-    // The losses kept since the last check (one read from the device, as saving a snapshot does anyway).
-    std::vector<double> kept(restored_pending_);
-    if (!pending_.empty()) {
-      const auto host = at::cat(pending_as_vectors()).to(at::kDouble).cpu().contiguous();
-      kept.insert(kept.end(), host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
-    }
-    s.tensors["kept_losses"] = at::tensor(kept, at::kDouble);
-    return s;
-  }
-  void load_state_dict(const StateDict& s) {
-    GuardCounts c;
-    c.checks = s.integer("checks", name);
-    c.nonfinite = s.integer("nonfinite", name);
-    c.spikes = s.integer("spikes", name);
-    c.restores = s.integer("restores", name);
-    c.lr_scalings = s.integer("lr_scalings", name);
-    c.skipped = s.integer("skipped", name);
-    c.last_good_loss = s.number("last_good_loss", name);
-    c.last_good_step = s.integer("last_good_step", name);
-    const auto since = s.integer("since_check", name);
-    NITRO_CHECK(since >= 0 && since < o_.check_every, "stability::Guard::load_state_dict: since_check is ", since,
-                ", outside [0, check_every = ", o_.check_every, "); load a state saved with the same check_every");
-    const auto w = s.tensor("window", name).to(at::kDouble).contiguous();
-    NITRO_CHECK(w.dim() == 1 && w.numel() <= o_.spike_window, "stability::Guard::load_state_dict: the spike window "
-                "holds ", w.numel(), " losses, more than spike_window = ", o_.spike_window,
-                "; load a state saved with the same options");
-    std::vector<double> kept;
-    if (const auto it = s.tensors.find("kept_losses"); it != s.tensors.end()) {
-      const auto k = it->second.to(at::kDouble).contiguous();
-      kept.assign(k.data_ptr<double>(), k.data_ptr<double>() + k.numel());
-    }
-    counts_ = c;
-    since_check_ = since;
-    window_.assign(w.data_ptr<double>(), w.data_ptr<double>() + w.numel());
-    pending_.clear();
-    restored_pending_ = std::move(kept);
-    recent_spikes_.clear();
-    restores_in_a_row_ = 0;
-    // A state from another point of the run: the kept good state is not its own.
-    backup_.reset();
-    backup_step_ = -1;
-  }
+  [[nodiscard]] NITRO_INLINE StateDict state_dict() const;
+  NITRO_INLINE void load_state_dict(const StateDict& s);
 
  private:
-  static Options validated(const Options& o) {
-    NITRO_CHECK(o.on_nonfinite != Action::none, "stability::Guard: on_nonfinite is none; choose skip, restore, "
-                "restore_scale_lr or raise (a guard that ignores NaNs guards nothing)");
-    NITRO_CHECK(o.on_spike != Action::skip, "stability::Guard: on_spike cannot be skip (a spike is seen after its step "
-                "was taken); choose none, restore, restore_scale_lr or raise");
-    NITRO_CHECK(o.check_every >= 1, "stability::Guard: check_every must be >= 1, got ", o.check_every);
-    NITRO_CHECK(o.backup_every >= o.check_every && o.backup_every % o.check_every == 0,
-                "stability::Guard: backup_every (", o.backup_every, ") must be a multiple of check_every (",
-                o.check_every, "): backups are taken at checks");
-    NITRO_CHECK(o.lr_factor > 0 && o.lr_factor <= 1, "stability::Guard: lr_factor must be in (0, 1], got ", o.lr_factor);
-    NITRO_CHECK(o.spike_window >= 2, "stability::Guard: spike_window must be >= 2, got ", o.spike_window);
-    NITRO_CHECK(o.spike_min >= 2 && o.spike_min <= o.spike_window, "stability::Guard: spike_min must be in [2, ",
-                "spike_window = ", o.spike_window, "], got ", o.spike_min);
-    NITRO_CHECK(o.spike_z > 0 && std::isfinite(o.spike_z), "stability::Guard: spike_z must be > 0, got ", o.spike_z);
-    NITRO_CHECK(o.max_restores >= 1, "stability::Guard: max_restores must be >= 1, got ", o.max_restores);
-    return o;
-  }
+  NITRO_INLINE static Options validated(const Options& o);
 
   static bool restores(Action a) { return a == Action::restore || a == Action::restore_scale_lr; }
 
@@ -324,24 +248,9 @@ class Guard {
   }
 
   // The kept losses, each flattened (a micro-batch's loss is one element; a user's may be more).
-  std::vector<at::Tensor> pending_as_vectors() const {
-    std::vector<at::Tensor> out;
-    out.reserve(pending_.size());
-    for (const auto& l : pending_) out.push_back(l.reshape({-1}).to(pending_.front().device()));
-    return out;
-  }
+  NITRO_INLINE std::vector<at::Tensor> pending_as_vectors() const;
 
-  bool is_spike(double x) const {
-    const auto n = static_cast<std::int64_t>(window_.size());
-    if (n < o_.spike_min) return false;
-    double mean = 0;
-    for (double w : window_) mean += w;
-    mean /= static_cast<double>(n);
-    double var = 0;
-    for (double w : window_) var += (w - mean) * (w - mean);
-    const double sd = std::sqrt(var / static_cast<double>(n - 1));
-    return x > mean + o_.spike_z * std::max({sd, 1e-3 * std::abs(mean), 1e-8});
-  }
+  NITRO_INLINE bool is_spike(double x) const;
 
   template <class Loop>
   void act(Loop& loop, Action a, std::int64_t step, const char* what) {
@@ -392,3 +301,7 @@ class Guard {
 };
 
 }  // namespace nitro::stability
+
+#if !NITRO_COMPILED
+#include <nitro/train/stability-inl.hpp>
+#endif

@@ -173,7 +173,52 @@ struct checked_hooks<std::tuple<Hs...>> {
   using type = std::tuple<typename checked_hook<Hs>::type...>;
 };
 
+/// The checks of load_state that do not depend on the loop's policies: the counters of a State.
+NITRO_INLINE void check_loop_counters(std::int64_t accumulation_steps, std::int64_t pending_micro_batches,
+                                      std::int64_t optimizer_steps, std::int64_t skipped_steps, std::int64_t split,
+                                      std::int64_t splits_made);
+
+/// The predefined levels (level::Basic, Advanced, Ultra, Max): with NITRO_COMPILED their members are
+/// compiled once, in Nitro's library, and each program only declares them (extern template).
+template <class Loop>
+inline constexpr bool is_predefined_level = false;
+
+// NITRO_EXPLICIT_INSTANTIATE_ONLY (RAFT_EXPLICIT_INSTANTIATE_ONLY's idea): a member of a predefined
+// level compiled in a program's own translation unit, which NITRO_COMPILED's extern template
+// declarations exist to prevent, is a compile error instead of a silent slower build.
+#if defined(NITRO_EXPLICIT_INSTANTIATE_ONLY) && !defined(NITRO_COMPILED_SOURCE)
+template <class Loop>
+inline constexpr bool implicit_instantiation_refused = is_predefined_level<Loop>;
+#else
+template <class Loop>
+inline constexpr bool implicit_instantiation_refused = false;
+#endif
+
 }  // namespace detail
+
+// The members of TrainingLoop defined out of the class, as explicit instantiation declarations
+// (prefix `extern template`) or definitions (`template`) for the loop type L, a type alias: how the
+// predefined levels are declared in their headers and compiled in Nitro's library (src/train.cpp).
+#define NITRO_DETAIL_LOOP_MEMBERS(prefix, L)                                                            \
+  prefix L::TrainingLoop(std::shared_ptr<torch::nn::Module>, torch::optim::Optimizer&, L::Options);    \
+  prefix std::optional<::nitro::StepResult> L::flush();                                                 \
+  prefix at::Tensor L::forward(const at::Tensor&);                                                      \
+  prefix L::State L::state() const;                                                                     \
+  prefix void L::load_state(const L::State&);                                                           \
+  prefix void L::init();                                                                                \
+  prefix void L::drop_window() noexcept;                                                                \
+  prefix L::CheckedGrads L::check_grads(::nitro::StepResult&);                                          \
+  prefix void L::count_step(::nitro::StepResult&, bool);                                                \
+  prefix void L::optimizer_step(::nitro::StepResult&);                                                  \
+  prefix std::vector<std::function<void()>> L::load_hook_states(                                        \
+      const std::map<std::string, ::nitro::StateDict, std::less<>>&)
+
+#define NITRO_DETAIL_NOT_IMPLICIT(Loop)                                                                          \
+  static_assert(!::nitro::detail::implicit_instantiation_refused<Loop>,                                         \
+                "NITRO_EXPLICIT_INSTANTIATE_ONLY: a member of a predefined level (level::Basic, Advanced, Ultra, " \
+                "Max) is compiled in this translation unit; build with NITRO_COMPILED (link nitro::compiled), "    \
+                "whose library holds them, and include the header that names the level (train/levels.hpp, "       \
+                "graph/capture.hpp for Max)")
 
 /// @tparam Policies any number, in any order, at most one per family: an AMP policy (default
 ///         amp::Off), an accumulation policy (accumulate::Off), a checkpoint policy (checkpoint::Off),
@@ -254,10 +299,7 @@ class TrainingLoop {
   /// Any model: the loss function receives the batch only.
   TrainingLoop(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer)
       : TrainingLoop(std::move(model), optimizer, Options{}) {}
-  TrainingLoop(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer, Options options)
-      : model_(std::move(model)), optimizer_(&optimizer), o_(std::move(options)) {
-    init();
-  }
+  TrainingLoop(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer, Options options);
 
   /// A model held the LibTorch way (torch::nn::Linear, a TORCH_MODULE type, torch::nn::Sequential).
   template <class Impl>
@@ -386,104 +428,17 @@ class TrainingLoop {
   /// Steps on a partial accumulation window (at the end of an epoch), its gradient rescaled to the
   /// mean over the micro-batches it had. Returns nothing when the window is empty. Inside a search's
   /// trial, the same check as step().
-  std::optional<StepResult> flush() {
-    if (memory::detail::trial_loops != nullptr) [[unlikely]] memory::detail::check_trial_step(this, "flush");
-    if (micro_ == 0) return std::nullopt;
-    StepResult result;
-    try {
-      each_hook([&](auto& h) {
-        if constexpr (detail::HasBeforeFlush<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.before_flush(*this);
-      });
-    } catch (...) {
-      drop_window();
-      throw;
-    }
-    if (micro_ < window_) {
-      grads_.assign(params_);
-      const double rescale = static_cast<double>(window_) / static_cast<double>(micro_);
-      grads_.for_each([&](detail::GradGroups::Group& g) { at::_foreach_mul_(g.grads, rescale); });
-      grads_.release();
-    }
-    optimizer_step(result);
-    return result;
-  }
+  std::optional<StepResult> flush();
 
   /// The forward of a Sequential model under the checkpoint policy.
-  at::Tensor forward(const at::Tensor& x) {
-    NITRO_CHECK(sequential_ != nullptr,
-                "TrainingLoop::forward needs a torch::nn::Sequential model; call your model's forward yourself");
-    if constexpr (Checkpoint::enabled) {
-      return checkpoint::sequential(
-          *sequential_, Checkpoint::segments(static_cast<std::int64_t>(sequential_->size()), o_.checkpoint), x);
-    } else {
-      return sequential_->forward(x);
-    }
-  }
+  at::Tensor forward(const at::Tensor& x);
 
   /// The loop's state now (see State). With amp::Fp16 it reads the loss scale: one synchronisation.
-  State state() const {
-    State s{window_, micro_, steps_, skipped_, split_, splits_made_, std::nullopt, {}};
-    if constexpr (Amp::scales_loss) s.loss_scale = scaler_.state_dict();
-    each_hook([&](const auto& h) {
-      using H = std::remove_cvref_t<decltype(h)>;
-      if constexpr (detail::HasState<H>) s.hooks.emplace(std::string(H::name), h.state_dict());
-    });
-    return s;
-  }
+  State state() const;
 
   /// Puts the loop's state back (the gradients of pending micro-batches are the caller's to put
   /// back). Throws nitro::Error, changing nothing, for a state this loop cannot hold.
-  void load_state(const State& s) {
-    if constexpr (std::same_as<Accumulation, accumulate::Dynamic>) {
-      (void)accumulate::Dynamic::steps({s.accumulation_steps});
-    } else {
-      NITRO_CHECK(s.accumulation_steps == window_, "TrainingLoop::load_state: accumulation_steps is ",
-                  s.accumulation_steps, " but this loop's accumulation policy (", Accumulation::name, ") takes ",
-                  window_, " micro-batches per step; only accumulate::Dynamic can change it");
-    }
-    NITRO_CHECK(s.pending_micro_batches >= 0 && s.pending_micro_batches < s.accumulation_steps,
-                "TrainingLoop::load_state: pending_micro_batches must be in [0, accumulation_steps), got ",
-                s.pending_micro_batches, " of ", s.accumulation_steps);
-    NITRO_CHECK(s.optimizer_steps >= 0 && s.skipped_steps >= 0 && s.skipped_steps <= s.optimizer_steps,
-                "TrainingLoop::load_state: the step counters must satisfy 0 <= skipped_steps <= optimizer_steps, got ",
-                s.skipped_steps, " and ", s.optimizer_steps);
-    NITRO_CHECK(s.split >= 1 && s.splits_made >= 0, "TrainingLoop::load_state: split must be >= 1 and splits_made "
-                "must be >= 0, got ", s.split, " and ", s.splits_made);
-    NITRO_CHECK(s.loss_scale.has_value() == Amp::scales_loss, "TrainingLoop::load_state: the state ",
-                s.loss_scale ? "holds" : "lacks", " a loss scale, but this loop's AMP policy (", Amp::name, ") ",
-                Amp::scales_loss ? "scales the loss" : "does not scale the loss");
-    each_hook([&](const auto& h) {
-      using H = std::remove_cvref_t<decltype(h)>;
-      if constexpr (detail::HasState<H>) {
-        NITRO_CHECK(s.hooks.contains(H::name), "TrainingLoop::load_state: the state has nothing for the hook policy \"",
-                    H::name, "\"; it was saved by a loop without that hook");
-      }
-    });
-    for (const auto& [name, dict] : s.hooks) {
-      bool known = false;
-      each_hook([&](const auto& h) {
-        using H = std::remove_cvref_t<decltype(h)>;
-        if constexpr (detail::HasState<H>) known = known || name == H::name;
-      });
-      NITRO_CHECK(known, "TrainingLoop::load_state: the state holds the hook policy \"", name,
-                  "\", which this loop does not have; load it into a loop of the same type");
-    }
-    // The hooks' states (each validated by its hook; undone if a later one or the scaler refuses).
-    auto undo = load_hook_states(s.hooks);
-    try {
-      if constexpr (Amp::scales_loss) scaler_.load_state_dict(*s.loss_scale);  // validates, then changes
-    } catch (...) {
-      for (auto it = undo.rbegin(); it != undo.rend(); ++it) (*it)();
-      throw;
-    }
-    if constexpr (std::same_as<Accumulation, accumulate::Dynamic>) o_.accumulate.steps = s.accumulation_steps;
-    window_ = s.accumulation_steps;
-    micro_ = s.pending_micro_batches;
-    steps_ = s.optimizer_steps;
-    skipped_ = s.skipped_steps;
-    split_ = s.split;
-    splits_made_ = s.splits_made;
-  }
+  void load_state(const State& s);
 
   /// accumulate::Dynamic: micro-batches per optimizer step from now on; only between steps.
   void set_accumulation_steps(std::int64_t steps)
@@ -566,7 +521,9 @@ class TrainingLoop {
     }
   };
 
-  static std::int64_t checkpoint_segments(std::int64_t layers, const void* options) {
+  static std::int64_t checkpoint_segments(std::int64_t layers, const void* options)
+    requires Checkpoint::enabled
+  {
     return Checkpoint::segments(layers, *static_cast<const typename Checkpoint::Options*>(options));
   }
 
@@ -673,41 +630,10 @@ class TrainingLoop {
     }
   }
 
-  void init() {
-    NITRO_CHECK(model_ != nullptr, "TrainingLoop: the model is null");
-    for (const auto& group : optimizer_->param_groups())
-      for (const auto& p : group.params()) params_.push_back(p);
-    NITRO_CHECK(!params_.empty(),
-                "TrainingLoop: the optimizer has no parameters; build it from the model's parameters(), e.g. "
-                "torch::optim::SGD(model->parameters(), 0.1)");
-    window_ = Accumulation::steps(o_.accumulate);
-    if constexpr (detail::SplitsOnOom<Accumulation>) split_ = o_.accumulate.initial_split;
-    each_hook([&](auto& h) {
-      using H = std::remove_cvref_t<decltype(h)>;
-      static_assert(!detail::BadState<H>, "TrainingLoop: a hook policy's state needs both `nitro::StateDict "
-                    "state_dict() const` and `void load_state_dict(const nitro::StateDict&)`; this one has a member "
-                    "of those names that does not fit, so its state would be left out of snapshots");
-      static_assert(!H::enabled || detail::has_any_hook<H, TrainingLoop>,
-                    "TrainingLoop: this hook policy has none of the hooks of train/hooks.hpp (on_step_begin, "
-                    "after_forward, after_backward, before_optimizer_step, after_optimizer_step, on_step_end, "
-                    "state_dict/load_state_dict) callable with this loop; check their signatures");
-    });
-    if constexpr (Amp::enabled) {
-      NITRO_CHECK(compat::autocast_available(device_.type()), "TrainingLoop: amp::", Amp::name,
-                  " needs autocast, which LibTorch does not offer on ", c10::DeviceTypeName(device_.type()),
-                  "; use amp::Off there");
-    }
-  }
+  void init();
 
   // No half-done window survives a failed step.
-  void drop_window() noexcept {
-    grads_.release();
-    try {
-      optimizer_->zero_grad(/*set_to_none=*/true);
-    } catch (...) {  // zero_grad does not throw in practice; the original error matters more
-    }
-    micro_ = 0;
-  }
+  void drop_window() noexcept;
 
   // The gradients of a full window, checked for inf/NaN where a policy needs it and unscaled (or
   // left scaled for a fused kernel to unscale), then seen by the hooks (clipping): how the eager and
@@ -716,75 +642,14 @@ class TrainingLoop {
     at::Tensor found_inf;                 // undefined when nothing checks
     const at::Tensor* scale = nullptr;    // the loss scale the fused kernel divides by (folded)
   };
-  CheckedGrads check_grads(StepResult& result) {
-    grads_.assign(params_);
-    CheckedGrads c;
-    if constexpr (Amp::scales_loss) {
-      if (fold_scaler()) {
-        NITRO_CHECK(scaler_.scale_tensor().defined(), "TrainingLoop: the optimizer step came before any loss was scaled");
-        grads_.for_each(detail::check_unscalable);
-        c.found_inf = detail::nonfinite_flag(grads_, scaler_.scale_tensor().device());
-        c.scale = &scaler_.scale_tensor();
-      } else {
-        c.found_inf = scaler_.unscale(grads_);
-      }
-    } else {
-      if (o_.skip_nonfinite) c.found_inf = detail::nonfinite_flag(grads_, device_);
-    }
-    each_hook([&](auto& h) {
-      if constexpr (detail::HasBeforeOptimizerStep<std::remove_cvref_t<decltype(h)>, TrainingLoop>)
-        h.before_optimizer_step(*this, grads_, result);
-    });
-    grads_.release();  // zero_grad must be able to free them
-    return c;
-  }
+  CheckedGrads check_grads(StepResult& result);
 
   // After an optimizer step taken or skipped (and the loss scale copied into the result): the
   // counters, the hooks' after_optimizer_step (the run's state is whole here, as a snapshot needs; a
   // hook that throws now leaves it so).
-  void count_step(StepResult& result, bool skip) {
-    ++steps_;
-    skipped_ += skip ? 1 : 0;
-    result.stepped = !skip;
-    result.skipped = skip;
-    micro_ = 0;
-    each_hook([&](auto& h) {
-      using H = std::remove_cvref_t<decltype(h)>;
-      if constexpr (detail::HasAfterOptimizerStep<H, TrainingLoop> && !detail::SeesOthersFirst<H>)
-        h.after_optimizer_step(*this, result);
-    });
-    each_hook([&](auto& h) {  // those that save the run: after every other hook's update
-      using H = std::remove_cvref_t<decltype(h)>;
-      if constexpr (detail::HasAfterOptimizerStep<H, TrainingLoop> && detail::SeesOthersFirst<H>)
-        h.after_optimizer_step(*this, result);
-    });
-  }
+  void count_step(StepResult& result, bool skip);
 
-  void optimizer_step(StepResult& result) {
-    bool skip = false;
-    try {
-      const CheckedGrads c = check_grads(result);
-      // The one host decision of a step, where a policy needs it.
-      skip = c.found_inf.defined() && c.found_inf.template item<float>() > 0.0f;
-      if (!skip) {
-        if constexpr (Amp::scales_loss) {
-          if (c.scale != nullptr) fused_->step_scaled(*c.scale);
-          else optimizer_->step();
-        } else {
-          optimizer_->step();
-        }
-      }
-      if constexpr (Amp::scales_loss) {
-        scaler_.update(c.found_inf);
-        result.loss_scale = scaler_.scale_tensor().clone();  // the live scale changes in place later
-      }
-      optimizer_->zero_grad(/*set_to_none=*/true);
-    } catch (...) {
-      drop_window();
-      throw;
-    }
-    count_step(result, skip);
-  }
+  void optimizer_step(StepResult& result);
 
   // StepParts::on_device: a step as device work only (see there).
   template <class Batch, class LossFn>
@@ -854,23 +719,7 @@ class TrainingLoop {
 
   // Loads each hook's state; if one refuses its state, those loaded before it get theirs back.
   // Returns what undoes the loads.
-  std::vector<std::function<void()>> load_hook_states(const std::map<std::string, StateDict, std::less<>>& states) {
-    std::vector<std::function<void()>> undo;
-    try {
-      each_hook([&](auto& h) {
-        using H = std::remove_cvref_t<decltype(h)>;
-        if constexpr (detail::HasState<H>) {
-          StateDict before = h.state_dict();
-          h.load_state_dict(states.find(H::name)->second);
-          undo.push_back([&h, before = std::move(before)] { h.load_state_dict(before); });
-        }
-      });
-    } catch (...) {
-      for (auto it = undo.rbegin(); it != undo.rend(); ++it) (*it)();
-      throw;
-    }
-    return undo;
-  }
+  std::vector<std::function<void()>> load_hook_states(const std::map<std::string, StateDict, std::less<>>& states);
 
   // What make() of each hook is given: its options (by the hook's place) and the model's device.
   struct HookArgs {
@@ -937,4 +786,249 @@ class TrainingLoop {
   }
 };
 
+// ---- the members defined out of the class: with NITRO_COMPILED, the predefined levels' are compiled once
+// in Nitro's library (the extern template declarations below), not in every program that names them.
+
+template <class... Policies>
+TrainingLoop<Policies...>::TrainingLoop(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer, Options options)
+    : model_(std::move(model)), optimizer_(&optimizer), o_(std::move(options)) {
+  NITRO_DETAIL_NOT_IMPLICIT(TrainingLoop);
+  init();
+}
+
+template <class... Policies>
+auto TrainingLoop<Policies...>::flush() -> std::optional<StepResult> {
+  NITRO_DETAIL_NOT_IMPLICIT(TrainingLoop);
+  if (memory::detail::trial_loops != nullptr) [[unlikely]] memory::detail::check_trial_step(this, "flush");
+  if (micro_ == 0) return std::nullopt;
+  StepResult result;
+  try {
+    each_hook([&](auto& h) {
+      if constexpr (detail::HasBeforeFlush<std::remove_cvref_t<decltype(h)>, TrainingLoop>) h.before_flush(*this);
+    });
+  } catch (...) {
+    drop_window();
+    throw;
+  }
+  if (micro_ < window_) {
+    grads_.assign(params_);
+    const double rescale = static_cast<double>(window_) / static_cast<double>(micro_);
+    grads_.for_each([&](detail::GradGroups::Group& g) { at::_foreach_mul_(g.grads, rescale); });
+    grads_.release();
+  }
+  optimizer_step(result);
+  return result;
+}
+
+template <class... Policies>
+auto TrainingLoop<Policies...>::forward(const at::Tensor& x) -> at::Tensor {
+  NITRO_DETAIL_NOT_IMPLICIT(TrainingLoop);
+  NITRO_CHECK(sequential_ != nullptr,
+              "TrainingLoop::forward needs a torch::nn::Sequential model; call your model's forward yourself");
+  if constexpr (Checkpoint::enabled) {
+    return checkpoint::sequential(
+        *sequential_, Checkpoint::segments(static_cast<std::int64_t>(sequential_->size()), o_.checkpoint), x);
+  } else {
+    return sequential_->forward(x);
+  }
+}
+
+template <class... Policies>
+auto TrainingLoop<Policies...>::state() const -> State {
+  NITRO_DETAIL_NOT_IMPLICIT(TrainingLoop);
+  State s{window_, micro_, steps_, skipped_, split_, splits_made_, std::nullopt, {}};
+  if constexpr (Amp::scales_loss) s.loss_scale = scaler_.state_dict();
+  each_hook([&](const auto& h) {
+    using H = std::remove_cvref_t<decltype(h)>;
+    if constexpr (detail::HasState<H>) s.hooks.emplace(std::string(H::name), h.state_dict());
+  });
+  return s;
+}
+
+template <class... Policies>
+void TrainingLoop<Policies...>::load_state(const State& s) {
+  NITRO_DETAIL_NOT_IMPLICIT(TrainingLoop);
+  if constexpr (std::same_as<Accumulation, accumulate::Dynamic>) {
+    (void)accumulate::Dynamic::steps({s.accumulation_steps});
+  } else {
+    NITRO_CHECK(s.accumulation_steps == window_, "TrainingLoop::load_state: accumulation_steps is ",
+                s.accumulation_steps, " but this loop's accumulation policy (", Accumulation::name, ") takes ",
+                window_, " micro-batches per step; only accumulate::Dynamic can change it");
+  }
+  detail::check_loop_counters(s.accumulation_steps, s.pending_micro_batches, s.optimizer_steps, s.skipped_steps,
+                              s.split, s.splits_made);
+  NITRO_CHECK(s.loss_scale.has_value() == Amp::scales_loss, "TrainingLoop::load_state: the state ",
+              s.loss_scale ? "holds" : "lacks", " a loss scale, but this loop's AMP policy (", Amp::name, ") ",
+              Amp::scales_loss ? "scales the loss" : "does not scale the loss");
+  each_hook([&](const auto& h) {
+    using H = std::remove_cvref_t<decltype(h)>;
+    if constexpr (detail::HasState<H>) {
+      NITRO_CHECK(s.hooks.contains(H::name), "TrainingLoop::load_state: the state has nothing for the hook policy \"",
+                  H::name, "\"; it was saved by a loop without that hook");
+    }
+  });
+  for (const auto& entry : s.hooks) {
+    const std::string& name = entry.first;
+    bool known = false;
+    each_hook([&](const auto& h) {
+      using H = std::remove_cvref_t<decltype(h)>;
+      if constexpr (detail::HasState<H>) known = known || name == H::name;
+    });
+    NITRO_CHECK(known, "TrainingLoop::load_state: the state holds the hook policy \"", name,
+                "\", which this loop does not have; load it into a loop of the same type");
+  }
+  // The hooks' states (each validated by its hook; undone if a later one or the scaler refuses).
+  auto undo = load_hook_states(s.hooks);
+  try {
+    if constexpr (Amp::scales_loss) scaler_.load_state_dict(*s.loss_scale);  // validates, then changes
+  } catch (...) {
+    for (auto it = undo.rbegin(); it != undo.rend(); ++it) (*it)();
+    throw;
+  }
+  if constexpr (std::same_as<Accumulation, accumulate::Dynamic>) o_.accumulate.steps = s.accumulation_steps;
+  window_ = s.accumulation_steps;
+  micro_ = s.pending_micro_batches;
+  steps_ = s.optimizer_steps;
+  skipped_ = s.skipped_steps;
+  split_ = s.split;
+  splits_made_ = s.splits_made;
+}
+
+template <class... Policies>
+void TrainingLoop<Policies...>::init() {
+  NITRO_DETAIL_NOT_IMPLICIT(TrainingLoop);
+  NITRO_CHECK(model_ != nullptr, "TrainingLoop: the model is null");
+  for (const auto& group : optimizer_->param_groups())
+    for (const auto& p : group.params()) params_.push_back(p);
+  NITRO_CHECK(!params_.empty(),
+              "TrainingLoop: the optimizer has no parameters; build it from the model's parameters(), e.g. "
+              "torch::optim::SGD(model->parameters(), 0.1)");
+  window_ = Accumulation::steps(o_.accumulate);
+  if constexpr (detail::SplitsOnOom<Accumulation>) split_ = o_.accumulate.initial_split;
+  each_hook([&](auto& h) {
+    using H = std::remove_cvref_t<decltype(h)>;
+    static_assert(!detail::BadState<H>, "TrainingLoop: a hook policy's state needs both `nitro::StateDict "
+                  "state_dict() const` and `void load_state_dict(const nitro::StateDict&)`; this one has a member "
+                  "of those names that does not fit, so its state would be left out of snapshots");
+    static_assert(!H::enabled || detail::has_any_hook<H, TrainingLoop>,
+                  "TrainingLoop: this hook policy has none of the hooks of train/hooks.hpp (on_step_begin, "
+                  "after_forward, after_backward, before_optimizer_step, after_optimizer_step, on_step_end, "
+                  "state_dict/load_state_dict) callable with this loop; check their signatures");
+  });
+  if constexpr (Amp::enabled) {
+    NITRO_CHECK(compat::autocast_available(device_.type()), "TrainingLoop: amp::", Amp::name,
+                " needs autocast, which LibTorch does not offer on ", c10::DeviceTypeName(device_.type()),
+                "; use amp::Off there");
+  }
+}
+
+template <class... Policies>
+void TrainingLoop<Policies...>::drop_window() noexcept {
+  NITRO_DETAIL_NOT_IMPLICIT(TrainingLoop);
+  grads_.release();
+  try {
+    optimizer_->zero_grad(/*set_to_none=*/true);
+  } catch (...) {  // zero_grad does not throw in practice; the original error matters more
+  }
+  micro_ = 0;
+}
+
+template <class... Policies>
+auto TrainingLoop<Policies...>::check_grads(StepResult& result) -> CheckedGrads {
+  NITRO_DETAIL_NOT_IMPLICIT(TrainingLoop);
+  grads_.assign(params_);
+  CheckedGrads c;
+  if constexpr (Amp::scales_loss) {
+    if (fold_scaler()) {
+      NITRO_CHECK(scaler_.scale_tensor().defined(), "TrainingLoop: the optimizer step came before any loss was scaled");
+      grads_.for_each(detail::check_unscalable);
+      c.found_inf = detail::nonfinite_flag(grads_, scaler_.scale_tensor().device());
+      c.scale = &scaler_.scale_tensor();
+    } else {
+      c.found_inf = scaler_.unscale(grads_);
+    }
+  } else {
+    if (o_.skip_nonfinite) c.found_inf = detail::nonfinite_flag(grads_, device_);
+  }
+  each_hook([&](auto& h) {
+    if constexpr (detail::HasBeforeOptimizerStep<std::remove_cvref_t<decltype(h)>, TrainingLoop>)
+      h.before_optimizer_step(*this, grads_, result);
+  });
+  grads_.release();  // zero_grad must be able to free them
+  return c;
+}
+
+template <class... Policies>
+void TrainingLoop<Policies...>::count_step(StepResult& result, bool skip) {
+  NITRO_DETAIL_NOT_IMPLICIT(TrainingLoop);
+  ++steps_;
+  skipped_ += skip ? 1 : 0;
+  result.stepped = !skip;
+  result.skipped = skip;
+  micro_ = 0;
+  each_hook([&](auto& h) {
+    using H = std::remove_cvref_t<decltype(h)>;
+    if constexpr (detail::HasAfterOptimizerStep<H, TrainingLoop> && !detail::SeesOthersFirst<H>)
+      h.after_optimizer_step(*this, result);
+  });
+  each_hook([&](auto& h) {  // those that save the run: after every other hook's update
+    using H = std::remove_cvref_t<decltype(h)>;
+    if constexpr (detail::HasAfterOptimizerStep<H, TrainingLoop> && detail::SeesOthersFirst<H>)
+      h.after_optimizer_step(*this, result);
+  });
+}
+
+template <class... Policies>
+void TrainingLoop<Policies...>::optimizer_step(StepResult& result) {
+  NITRO_DETAIL_NOT_IMPLICIT(TrainingLoop);
+  bool skip = false;
+  try {
+    const CheckedGrads c = check_grads(result);
+    // The one host decision of a step, where a policy needs it.
+    skip = c.found_inf.defined() && c.found_inf.template item<float>() > 0.0f;
+    if (!skip) {
+      if constexpr (Amp::scales_loss) {
+        if (c.scale != nullptr) fused_->step_scaled(*c.scale);
+        else optimizer_->step();
+      } else {
+        optimizer_->step();
+      }
+    }
+    if constexpr (Amp::scales_loss) {
+      scaler_.update(c.found_inf);
+      result.loss_scale = scaler_.scale_tensor().clone();  // the live scale changes in place later
+    }
+    optimizer_->zero_grad(/*set_to_none=*/true);
+  } catch (...) {
+    drop_window();
+    throw;
+  }
+  count_step(result, skip);
+}
+
+template <class... Policies>
+auto TrainingLoop<Policies...>::load_hook_states(const std::map<std::string, StateDict, std::less<>>& states) -> std::vector<std::function<void()>> {
+  NITRO_DETAIL_NOT_IMPLICIT(TrainingLoop);
+  std::vector<std::function<void()>> undo;
+  try {
+    each_hook([&](auto& h) {
+      using H = std::remove_cvref_t<decltype(h)>;
+      if constexpr (detail::HasState<H>) {
+        StateDict before = h.state_dict();
+        h.load_state_dict(states.find(H::name)->second);
+        undo.push_back([&h, before = std::move(before)] { h.load_state_dict(before); });
+      }
+    });
+  } catch (...) {
+    for (auto it = undo.rbegin(); it != undo.rend(); ++it) (*it)();
+    throw;
+  }
+  return undo;
+}
+
 }  // namespace nitro
+
+#include <nitro/core/config.hpp>
+#if !NITRO_COMPILED
+#include <nitro/train/training_loop-inl.hpp>
+#endif

@@ -8,6 +8,7 @@
 // 10 x its size increments). Near-optimal for skewed reads (Zipf, search, databases) and
 // resistant to scans; for shuffled training epochs prefer NoEvict, which is optimal there.
 // O(1) per operation; the sketch is 16 bytes per expected entry.
+#include <nitro/core/config.hpp>
 #include <nitro/cache/cache.hpp>
 #include <nitro/cache/detail/slot_list.hpp>
 
@@ -49,32 +50,11 @@ class FrequencySketch {
   [[nodiscard]] std::size_t capacity() const noexcept { return table_.empty() ? 0 : table_.size() - 7; }
 
   /// The estimated number of times `hash` was seen (0..15).
-  [[nodiscard]] unsigned frequency(std::uint64_t hash) const noexcept {
-    const Where w = where(hash);
-    unsigned freq = 15;
-    for (unsigned i = 0; i < 4; ++i) {
-      const unsigned h = w.counters >> (i << 3);
-      const auto count =
-          static_cast<unsigned>((table_[w.block + (h & 1u) + (i << 1)] >> (((h >> 1) & 15u) << 2)) & 0xfu);
-      freq = std::min(freq, count);
-    }
-    return freq;
-  }
+  [[nodiscard]] NITRO_INLINE unsigned frequency(std::uint64_t hash) const noexcept;
 
-  void increment(std::uint64_t hash) noexcept {
-    const Where w = where(hash);
-    bool added = false;
-    for (unsigned i = 0; i < 4; ++i) {
-      const unsigned h = w.counters >> (i << 3);
-      added |= increment_at(w.block + (h & 1u) + (i << 1), (h >> 1) & 15u);
-    }
-    if (added && ++additions_ == sample_size_) reset();
-  }
+  NITRO_INLINE void increment(std::uint64_t hash) noexcept;
 
-  void clear() noexcept {
-    std::fill(table_.begin(), table_.end(), 0);
-    additions_ = 0;
-  }
+  NITRO_INLINE void clear() noexcept;
   [[nodiscard]] std::size_t memory_bytes() const noexcept { return table_.capacity() * sizeof(std::uint64_t); }
 
  private:
@@ -84,33 +64,10 @@ class FrequencySketch {
     std::size_t block;
     std::uint32_t counters;
   };
-  [[nodiscard]] Where where(std::uint64_t h) const noexcept {
-    auto x = static_cast<std::uint32_t>(h ^ (h >> 32));
-    x ^= x >> 17;
-    x *= 0xed5ad4bbu;
-    x ^= x >> 11;
-    x *= 0xac4c1b51u;
-    x ^= x >> 15;
-    std::uint32_t c = x * 0x31848babu;
-    c ^= c >> 14;
-    return {base_ + ((static_cast<std::size_t>(x) & block_mask_) << 3), c};
-  }
-  bool increment_at(std::size_t i, unsigned j) noexcept {  // counter j (0..15) of word i
-    const unsigned offset = j << 2;
-    const std::uint64_t mask = 0xfULL << offset;
-    if ((table_[i] & mask) == mask) return false;
-    table_[i] += 1ULL << offset;
-    return true;
-  }
+  [[nodiscard]] NITRO_INLINE Where where(std::uint64_t h) const noexcept;
+  NITRO_INLINE bool increment_at(std::size_t i, unsigned j) noexcept;
   // Halves every counter; the odd counts lost to the shift are taken off the addition count.
-  void reset() noexcept {
-    std::size_t odd = 0;
-    for (auto& word : table_) {
-      odd += static_cast<std::size_t>(std::popcount(word & 0x1111111111111111ULL));
-      word = (word >> 1) & 0x7777777777777777ULL;
-    }
-    additions_ = (additions_ >> 1) - (odd >> 2);
-  }
+  NITRO_INLINE void reset() noexcept;
 
   std::vector<std::uint64_t> table_;
   std::size_t block_mask_ = 0;
@@ -304,3 +261,7 @@ namespace nitro {
 using WTinyLfuCache_st = Cache_st<evict::WTinyLfu>;
 using WTinyLfuCache_mt = Cache_mt<evict::WTinyLfu>;
 }  // namespace nitro
+
+#if !NITRO_COMPILED
+#include <nitro/cache/evict/wtinylfu-inl.hpp>
+#endif

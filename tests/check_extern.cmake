@@ -1,0 +1,36 @@
+# The predefined levels' members defined out of TrainingLoop's class are referenced, not compiled, in
+# a program's object file built with NITRO_COMPILED (tests/static/levels_compiled.cpp): the library's
+# instantiations are the ones linked.
+#   cmake -DNM=<nm> -DOBJECT=<file.o> -P check_extern.cmake
+execute_process(COMMAND ${NM} -C ${OBJECT} OUTPUT_VARIABLE symbols RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "nm ${OBJECT} failed (${rc})")
+endif()
+string(REPLACE "\n" ";" lines "${symbols}")
+set(members "::TrainingLoop(std::shared_ptr<torch::nn::Module>, torch::optim::Optimizer&, " "::flush()" "::forward(at::Tensor const&)"
+            "::state() const" "::load_state(" "::init()" "::drop_window()" "::check_grads(" "::count_step("
+            "::optimizer_step(" "::load_hook_states(")
+set(referenced 0)
+set(defined "")
+foreach(line IN LISTS lines)
+  if(NOT line MATCHES "nitro::TrainingLoop<nitro::amp::(Off|Bf16), nitro::accumulate::(Off|Dynamic), ")
+    continue()
+  endif()
+  foreach(member IN LISTS members)
+    string(FIND "${line}" "${member}" at)
+    if(at GREATER -1)
+      if(line MATCHES "^ +U ")
+        math(EXPR referenced "${referenced} + 1")
+      else()
+        string(APPEND defined "\n  ${line}")
+      endif()
+    endif()
+  endforeach()
+endforeach()
+if(NOT defined STREQUAL "")
+  message(FATAL_ERROR "members of predefined levels compiled in the program's own object file:${defined}")
+endif()
+if(referenced LESS 30)
+  message(FATAL_ERROR "only ${referenced} references to the predefined levels' members found in ${OBJECT}; the check reads nothing")
+endif()
+message(STATUS "${referenced} references to the predefined levels' members, none compiled here")
