@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+namespace nitro_test_cache_cache {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 using namespace nitro;
@@ -414,3 +416,5 @@ TEST_CASE_TEMPLATE("threads mixing get put and erase see whole values and consis
     hammer(cache, capacity);
   }
 }
+
+}  // namespace nitro_test_cache_cache

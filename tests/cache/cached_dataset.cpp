@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+namespace nitro_test_cache_cached_dataset {  // one namespace per file: an area is compiled as one translation unit
+
 using nitro::data::SyntheticImages;
 
 namespace {
@@ -458,3 +460,5 @@ TEST_CASE("augmentation after the cache: cached samples are augmented afresh eve
   for (std::size_t i = 0; i < 40; ++i)  // the cached samples are the records, unchanged
     CHECK(torch::equal(cached.get(i).data, images[static_cast<std::int64_t>(i)]));
 }
+
+}  // namespace nitro_test_cache_cached_dataset

@@ -27,6 +27,8 @@
 #include <thread>
 #include <vector>
 
+namespace nitro_test_cache_disk_tier {  // one namespace per file: an area is compiled as one translation unit
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -1100,3 +1102,5 @@ TEST_CASE("TieredCache and DiskTier refuse a value they could not put back, sayi
   CHECK(disk.store(1, {torch::ones({2}), at::Tensor()}));  // one tensor either way: it goes back right
   CHECK(disk.size() == 1);
 }
+
+}  // namespace nitro_test_cache_disk_tier

@@ -25,6 +25,8 @@
 #include <string_view>
 #include <vector>
 
+namespace nitro_test_cache_evict {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 using namespace nitro;
@@ -709,3 +711,5 @@ TEST_CASE("evictors forget their entries on clear") {
     CHECK(drain(e) == std::vector<cache::Slot>{0, 2, 1});  // next uses 5, 1, 2
   }
 }
+
+}  // namespace nitro_test_cache_evict

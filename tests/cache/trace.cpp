@@ -20,6 +20,8 @@
 
 #include <unistd.h>
 
+namespace nitro_test_cache_trace {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 using Keys = std::vector<std::int64_t>;
 }  // namespace
@@ -207,3 +209,5 @@ TEST_CASE("shuffled_epochs gives each epoch as a fresh permutation of the keys")
   CHECK(nitro::bench::shuffled_epochs(n, epochs, 99) == trace);                 // reproducible
   CHECK(nitro::bench::shuffled_epochs(n, epochs, 100) != trace);
 }
+
+}  // namespace nitro_test_cache_trace

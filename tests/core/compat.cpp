@@ -5,6 +5,8 @@
 
 #include <string>
 
+namespace nitro_test_core_compat {  // one namespace per file: an area is compiled as one translation unit
+
 TEST_CASE("NITRO_TORCH_VERSION agrees with the Torch package CMake found") {
   // NITRO_TEST_TORCH_VERSION is Torch_VERSION from TorchConfigVersion.cmake, e.g. "2.11.0".
   const std::string package = NITRO_TEST_TORCH_VERSION;
@@ -47,3 +49,5 @@ TEST_CASE("TF32 state is saved and restored exactly") {
   CHECK(after.matmul == before.matmul);
   CHECK(after.conv == before.conv);
 }
+
+}  // namespace nitro_test_core_compat

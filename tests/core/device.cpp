@@ -7,6 +7,8 @@
 #include <tuple>
 #include <vector>
 
+namespace nitro_test_core_device {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 struct UserBatch {
@@ -202,3 +204,5 @@ TEST_CASE("cuda_indices lists the GPUs of a model and the current one, once each
   CHECK(nitro::detail::cuda_indices(devices, -1) == std::vector<c10::DeviceIndex>{1, 3});  // no GPU current
   CHECK(nitro::detail::cuda_indices({D(c10::kCPU)}, -1).empty());
 }
+
+}  // namespace nitro_test_core_device

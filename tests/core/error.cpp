@@ -4,6 +4,8 @@
 
 #include <string>
 
+namespace nitro_test_core_error {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 int half_of_even(int x) {
   NITRO_EXPECTS(x % 2 == 0);
@@ -38,3 +40,5 @@ TEST_CASE("contracts throw nitro::ContractViolation in tests, naming the conditi
   // A broken contract is a bug, not a user's mistake: it is not a nitro::Error.
   CHECK_THROWS_AS(half_of_even(5), std::logic_error);
 }
+
+}  // namespace nitro_test_core_error

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+namespace nitro_test_data_augment {  // one namespace per file: an area is compiled as one translation unit
+
 namespace aug = nitro::data::augment;
 
 namespace {
@@ -513,3 +515,5 @@ TEST_CASE("augment: an empty batch passes every stage, and ToFloat scales by the
   CHECK_THROWS_WITH_AS(aug::ToFloat{}(torch::full({1, 1, 1, 1}, 1000, at::kInt), k, 0),
                        doctest::Contains("expected uint8 or uint16 images"), nitro::Error);
 }
+
+}  // namespace nitro_test_data_augment

@@ -18,6 +18,8 @@
 #include <thread>
 #include <vector>
 
+namespace nitro_test_data_pipeline {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 namespace data = nitro::data;
@@ -320,3 +322,5 @@ TEST_CASE("pipeline: a stage may take its item's epoch and position") {
   p.set_epoch(5);
   CHECK(drain(p) == std::vector<Indices>{{5, 0}, {5, 1}, {5, 2}});
 }
+
+}  // namespace nitro_test_data_pipeline

@@ -24,6 +24,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #endif
 
+namespace nitro_test_data_prefetcher {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -837,3 +839,5 @@ TEST_CASE("gpu: Prefetcher<Auto> given a GPU delivers, staged in pinned memory a
   CHECK_THROWS_WITH_AS((void)on_cpu.copy_stream(), doctest::Contains("has no copy stream"), nitro::Error);
 #endif
 }
+
+}  // namespace nitro_test_data_prefetcher

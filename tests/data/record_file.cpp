@@ -6,6 +6,8 @@
 
 #include <fstream>
 
+namespace nitro_test_data_record_file {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 using nitro::data::RecordField;
@@ -241,3 +243,5 @@ TEST_CASE("RecordBatches: records copied into one batch with their indices, thro
   CHECK(seen.size() == 50);
   for (int64_t i = 0; i < 50; ++i) CHECK(seen[static_cast<size_t>(i)] == i);
 }
+
+}  // namespace nitro_test_data_record_file

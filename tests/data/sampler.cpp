@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+namespace nitro_test_data_sampler {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 using Indices = std::vector<std::size_t>;
@@ -516,3 +518,5 @@ TEST_CASE("torch's RandomSampler through set_epoch: every epoch covers the data 
   }
   CHECK((epochs[0] != epochs[1] || epochs[1] != epochs[2]));
 }
+
+}  // namespace nitro_test_data_sampler

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+namespace nitro_test_data_synthetic {  // one namespace per file: an area is compiled as one translation unit
+
 using nitro::data::SyntheticImages;
 
 TEST_CASE("samples depend only on (seed, offset + index)") {
@@ -200,3 +202,5 @@ TEST_CASE("with a range [0, 1], the nearest centred prototype still classifies a
   const double accuracy = best.argmax(1).eq(y).to(at::kDouble).mean().item<double>();
   CHECK(accuracy >= 0.98);
 }
+
+}  // namespace nitro_test_data_synthetic

@@ -27,6 +27,8 @@
 #include <thread>
 #include <vector>
 
+namespace nitro_test_dist_data_parallel {  // one namespace per file: an area is compiled as one translation unit
+
 namespace fs = std::filesystem;
 using nitro::test::TempDir;
 using namespace nitro::test::dist;
@@ -666,3 +668,5 @@ TEST_CASE("gpu: a CUDA model on a group without NCCL is a named error" * nitro::
   CHECK_THROWS_WITH_AS(loop.step(b, [&](const Batch& x) { return torch::mse_loss(model->forward(x.x), x.y); }),
                        doctest::Contains("a CUDA model needs an NCCL group"), nitro::Error);
 }
+
+}  // namespace nitro_test_dist_data_parallel

@@ -24,6 +24,8 @@
 #include <thread>
 #include <vector>
 
+namespace nitro_test_dist_preemption {  // one namespace per file: an area is compiled as one translation unit
+
 extern char** environ;
 
 namespace fs = std::filesystem;
@@ -232,3 +234,5 @@ TEST_CASE("preemption under torchrun: the ranks get SIGTERM 20 ms to 1 s apart" 
 TEST_CASE("preemption under torchrun: one rank only gets SIGTERM" * doctest::skip(torchrun_path().empty())) {
   run_row("one rank");
 }
+
+}  // namespace nitro_test_dist_preemption

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+namespace nitro_test_dist_process_group {  // one namespace per file: an area is compiled as one translation unit
+
 namespace fs = std::filesystem;
 using nitro::test::TempDir;
 using namespace nitro::test::dist;
@@ -200,3 +202,5 @@ TEST_CASE("the vote of a single process: none (it decides alone), and an Agreeme
   std::vector<at::Tensor> t{at::arange(3.0)};
   CHECK_THROWS_WITH_AS(g.broadcast(t, 1), doctest::Contains("root 1 is outside [0, 1)"), nitro::Error);
 }
+
+}  // namespace nitro_test_dist_process_group

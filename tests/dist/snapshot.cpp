@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+namespace nitro_test_dist_snapshot {  // one namespace per file: an area is compiled as one translation unit
+
 namespace fs = std::filesystem;
 using nitro::test::TempDir;
 using namespace nitro::test::dist;
@@ -148,3 +150,5 @@ TEST_CASE("fetch_snapshot: bad options are named errors") {
   TempDir none("nitro-fetch-alone", true);
   CHECK(nitro::dist::fetch_latest_snapshot(g, none.path) == std::nullopt);
 }
+
+}  // namespace nitro_test_dist_snapshot

@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+namespace nitro_test_graph_capture {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 using Direct = nitro::graph::detail::CaptureImpl<nitro::graph::detail::Engine::direct>;
@@ -731,3 +733,5 @@ TEST_CASE("gpu: graph::Capture: two graphs over different parameters, stepped al
   }
 }
 #endif  // NITRO_WITH_CUDA
+
+}  // namespace nitro_test_graph_capture

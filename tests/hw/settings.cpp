@@ -12,6 +12,18 @@
 #include <limits>
 #include <string>
 
+#if defined(__linux__)
+#include "child.hpp"
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <atomic>
+#include <thread>
+#endif
+
+namespace nitro_test_hw_settings {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 std::string error_of(const nitro::hw::Settings& s) {
@@ -127,15 +139,8 @@ TEST_CASE("gpu: cuda_memory_fraction caps the caching allocator for the scope" *
 }
 
 #if defined(__linux__)
-#include "child.hpp"
 
-#include <sched.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <thread>
 
 namespace {
 std::vector<int> cpus_of_thread(pid_t tid) { return nitro::hw::detail::cpus_of(tid); }
@@ -268,3 +273,5 @@ TEST_CASE("cpu_heap_keep_bytes keeps the heap: a step's freed memory is reused w
         std::string::npos);
 }
 #endif
+
+}  // namespace nitro_test_hw_settings

@@ -24,6 +24,8 @@
 #define NITRO_TEST_HAS_JPEGLIB 1
 #endif
 
+namespace nitro_test_image_decode {  // one namespace per file: an area is compiled as one translation unit
+
 namespace fs = std::filesystem;
 namespace img = nitro::image;
 using Bytes = std::vector<std::uint8_t>;
@@ -882,3 +884,5 @@ TEST_CASE("image a decode of a large image gives its scratch memory back, a smal
     CHECK(d::scratch_slot().size == std::size_t{40} * 60 * 3);
   }).join();
 }
+
+}  // namespace nitro_test_image_decode

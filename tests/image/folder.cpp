@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+namespace nitro_test_image_folder {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -980,3 +982,5 @@ TEST_CASE("YoloDataset: a parent folder named images does not make the data set'
   // Its images folder named directly still works, and so does one under it.
   CHECK(data::YoloDataset(root / "images").size() == 1);
 }
+
+}  // namespace nitro_test_image_folder

@@ -33,6 +33,8 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+namespace nitro_test_image_nvjpeg {  // one namespace per file: an area is compiled as one translation unit
+
 namespace img = nitro::image;
 using Bytes = std::vector<std::uint8_t>;
 using Spans = std::vector<std::span<const std::uint8_t>>;
@@ -333,3 +335,5 @@ TEST_CASE("gpu: nvjpeg decode is queued on the stream given, the outputs ready w
 }
 
 #endif
+
+}  // namespace nitro_test_image_nvjpeg

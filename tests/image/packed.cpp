@@ -13,6 +13,8 @@
 #include <map>
 #include <tuple>
 
+namespace nitro_test_image_packed {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 namespace img = nitro::image;
@@ -509,3 +511,5 @@ TEST_CASE("nitro_pack --yolo (pack): boxes from the label files, none for a miss
     }
   }
 }
+
+}  // namespace nitro_test_image_packed

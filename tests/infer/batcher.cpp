@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+namespace nitro_test_infer_batcher {  // one namespace per file: an area is compiled as one translation unit
+
 using namespace std::chrono_literals;
 using nitro::infer::BatcherOptions;
 using nitro::infer::DynamicBatcher;
@@ -320,3 +322,5 @@ TEST_CASE("DynamicBatcher: an input of another layout is refused at submit and f
   CHECK_THROWS_WITH_AS(batcher.submit(torch::ones({3}).to_sparse()), doctest::Contains("dense"), nitro::Error);
   CHECK(torch::equal(good.get(), torch::ones({3})));
 }
+
+}  // namespace nitro_test_infer_batcher

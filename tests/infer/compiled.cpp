@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+namespace nitro_test_infer_compiled {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 at::Tensor read_floats(const std::filesystem::path& path, std::vector<int64_t> shape) {
@@ -90,3 +92,5 @@ TEST_CASE("load_aoti and load_torchscript: a missing or foreign file is a nitro:
   CHECK_THROWS_WITH_AS(nitro::infer::load_torchscript(junk, c10::kCPU, {.freeze = false}),
                        doctest::Contains("frozen module"), nitro::Error);
 }
+
+}  // namespace nitro_test_infer_compiled

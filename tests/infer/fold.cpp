@@ -3,6 +3,8 @@
 
 #include "testing.hpp"
 
+namespace nitro_test_infer_fold {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 // Running statistics and affine parameters far from their defaults, so a fold that ignored any of
@@ -144,3 +146,5 @@ TEST_CASE("prepare: eval, no gradients, folded, channels-last, and the Basic run
   nitro::infer::Runner<nitro::infer::level::Basic> run_bf16{nitro::infer::module_model(bf16)};
   CHECK((run_bf16(x).to(at::kFloat) - expected).abs().max().item<double>() < tolerance);
 }
+
+}  // namespace nitro_test_infer_fold

@@ -4,6 +4,8 @@
 
 #include "testing.hpp"
 
+namespace nitro_test_infer_quantize {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 // The levels demo's CNN (examples/levels.cpp), trained as the demo trains it (2 epochs of its 8192
@@ -84,3 +86,5 @@ TEST_CASE("DynamicInt8Linear: close to the fp32 layer, per channel and per tenso
   CHECK_THROWS_WITH_AS(nitro::infer::DynamicInt8Linear{f64}, doctest::Contains("quantise a float32 model"),
                        nitro::Error);
 }
+
+}  // namespace nitro_test_infer_quantize

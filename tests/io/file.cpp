@@ -16,6 +16,8 @@
 #include <sstream>
 #include <string>
 
+namespace nitro_test_io_file {  // one namespace per file: an area is compiled as one translation unit
+
 namespace fs = std::filesystem;
 using nitro::test::TempDir;
 
@@ -317,3 +319,5 @@ TEST_CASE("std::filesystem::remove_all of a non-empty directory crashes exactly 
     CHECK_FALSE(present(dir / "t"));
   }
 }
+
+}  // namespace nitro_test_io_file

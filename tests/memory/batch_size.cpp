@@ -22,6 +22,8 @@
 #include <tuple>
 #include <vector>
 
+namespace nitro_test_memory_batch_size {  // one namespace per file: an area is compiled as one translation unit
+
 using nitro::memory::BatchSizeOptions;
 using nitro::memory::SearchMode;
 using nitro::memory::find_max_batch_size;
@@ -553,3 +555,5 @@ TEST_CASE("gpu: under a CUDA memory cap the finder finds the largest batch and p
   if (!two) MESSAGE("one GPU: the non-default device index is not exercised");
 #endif
 }
+
+}  // namespace nitro_test_memory_batch_size

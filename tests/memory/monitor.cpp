@@ -15,6 +15,8 @@
 
 #include <sys/mman.h>
 
+namespace nitro_test_memory_monitor {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 constexpr std::int64_t kKiB = 1024;
@@ -274,3 +276,5 @@ TEST_CASE("gpu: cuda_memory and PeakScope follow a tensor allocated on the GPU" 
   nitro::memory::reset_peaks();
   CHECK(nitro::memory::cuda_memory()->peak_allocated_bytes == nitro::memory::cuda_memory()->allocated_bytes);
 }
+
+}  // namespace nitro_test_memory_monitor

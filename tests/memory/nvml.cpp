@@ -9,6 +9,8 @@
 
 #include <filesystem>
 
+namespace nitro_test_memory_nvml {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 std::string fake_library() {
   return (std::filesystem::read_symlink("/proc/self/exe").parent_path() / "libnitro_fake_nvml.so").string();
@@ -49,3 +51,5 @@ TEST_CASE("nvml: a loaded library's figures, by PCI bus id, and what a library w
   const nitro::memory::detail::Nvml missing("/nonexistent/libnvidia-ml.so.1");
   CHECK(missing.status().find("NVML not loaded") != std::string::npos);
 }
+
+}  // namespace nitro_test_memory_nvml

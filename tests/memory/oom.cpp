@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+namespace nitro_test_memory_oom {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 c10::Error error(const std::string& message) { return c10::Error(message); }
 }  // namespace
@@ -40,3 +42,5 @@ TEST_CASE("is_out_of_memory: a shape error, a device assert or a nitro::Error is
   CHECK_FALSE(nitro::memory::is_out_of_memory(std::runtime_error("out of paper")));
   CHECK(nitro::memory::error_message(error("first line\nsecond")) == std::string("first line\nsecond"));
 }
+
+}  // namespace nitro_test_memory_oom

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <thread>
 
+namespace nitro_test_memory_tracking_allocator {  // one namespace per file: an area is compiled as one translation unit
+
 TEST_CASE("the tracking allocator counts exactly the bytes of the tensors allocated in its scope") {
   nitro::memory::ScopedCpuTracking track;
   CHECK(track.stats().live_bytes == 0);
@@ -112,3 +114,5 @@ TEST_CASE("scopes opened and closed while another thread allocates: every block 
   CHECK(outer.stats().live_bytes == 0);
   CHECK(outer.stats().allocations == outer.stats().frees);
 }
+
+}  // namespace nitro_test_memory_tracking_allocator

@@ -13,6 +13,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #endif
 
+namespace nitro_test_monitor_phases {  // one namespace per file: an area is compiled as one translation unit
+
 using namespace std::chrono_literals;
 using nitro::Phase;
 
@@ -320,3 +322,5 @@ TEST_CASE("gpu: the monitor times and reads the model's GPU, not the current one
   if (!two) MESSAGE("one GPU: the non-default device index is not exercised");
 #endif
 }
+
+}  // namespace nitro_test_monitor_phases

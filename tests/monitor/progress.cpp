@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+namespace nitro_test_monitor_progress {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 using nitro::monitor::ProgressBar;
@@ -431,3 +433,5 @@ TEST_CASE("gpu: GPU losses are summed on the device, copied without blocking and
   REQUIRE(bar.loss_average().has_value());
   CHECK(*bar.loss_average() == doctest::Approx((3.0 + 4.0 + 8.0) / 3));
 }
+
+}  // namespace nitro_test_monitor_progress

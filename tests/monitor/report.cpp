@@ -2,6 +2,15 @@
 
 #include "testing.hpp"
 
+#include <nitro/memory/tracking_allocator.hpp>
+#include <nitro/memory/watch.hpp>
+#include <nitro/optim/fused.hpp>
+#include <nitro/train/channels_last.hpp>
+#include <nitro/train/levels.hpp>
+#include <nitro/train/stability.hpp>
+
+namespace nitro_test_monitor_report {  // one namespace per file: an area is compiled as one translation unit
+
 using nitro::Phase;
 using nitro::monitor::Bottleneck;
 
@@ -88,12 +97,6 @@ TEST_CASE("the summary table shows every phase with its share") {
   CHECK(lines.rfind("  - data-bound", 0) == 0);
 }
 
-#include <nitro/memory/tracking_allocator.hpp>
-#include <nitro/memory/watch.hpp>
-#include <nitro/optim/fused.hpp>
-#include <nitro/train/channels_last.hpp>
-#include <nitro/train/levels.hpp>
-#include <nitro/train/stability.hpp>
 
 TEST_CASE("summarize(loop): the advice leaves out what the loop already does, and the hooks' lines are printed") {
   const auto x = torch::randn({8, 3, 8, 8});
@@ -202,3 +205,5 @@ TEST_CASE("memory::Watch: past its threshold (the tracking allocator's live byte
   CHECK_THROWS_WITH_AS(nitro::memory::Watch({.rss_bytes = 1, .check_every = 0}, c10::Device(c10::kCPU)),
                        doctest::Contains("check_every must be >= 1"), nitro::Error);
 }
+
+}  // namespace nitro_test_monitor_report

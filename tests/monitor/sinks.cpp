@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+namespace nitro_test_monitor_sinks {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -338,3 +340,5 @@ TEST_CASE("bench/plot_metrics.py draws a PNG from the JSON lines a sink wrote fo
   CHECK(run("'" + (dir / "not.jsonl").string() + "' -o '" + png.string() + "'") == 2);
   CHECK(read_all(dir / "stderr.txt").find("not JSON lines") != std::string::npos);
 }
+
+}  // namespace nitro_test_monitor_sinks

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+namespace nitro_test_monitor_tensorboard {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -199,3 +201,5 @@ TEST_CASE("tensorboard: user errors say what to do, and the sink fits Sinks<...>
   b.scalar("loss", 1, 1.0);
   CHECK_THROWS_WITH_AS(a.scalar("loss", 2, 1.0), doctest::Contains("write after close"), nitro::Error);  // NOLINT(bugprone-use-after-move)
 }
+
+}  // namespace nitro_test_monitor_tensorboard

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <string>
 
+namespace nitro_test_monitor_trace {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 // Runs python's json on the trace: prints the sorted names of the ProfilerStep events, then whether
@@ -97,3 +99,5 @@ TEST_CASE("trace: a second loop's trace while one records is skipped, its step d
   CHECK(std::filesystem::exists(dir / "a.json"));
   CHECK_FALSE(std::filesystem::exists(dir / "b.json"));
 }
+
+}  // namespace nitro_test_monitor_trace

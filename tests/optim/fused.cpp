@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+namespace nitro_test_optim_fused {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 using torch::optim::OptimizerParamGroup;
@@ -715,3 +717,5 @@ TEST_CASE("gpu: the fused optimizers on CUDA follow LibTorch's there and the CPU
   }
   check_same<torch::optim::SGDParamState>(fsgd, sgd, s1, s2, 1e-6);
 }
+
+}  // namespace nitro_test_optim_fused

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+namespace nitro_test_optim_groups {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 // backbone (conv, batch norm), an embedding, a head (linear, layer norm), the head again under
@@ -163,3 +165,5 @@ TEST_CASE("groups(): a norm is a class whose name ends so, and a shared module m
   CHECK(by_name.at("head.bias") == P{0.5, 0.01});
   CHECK(by_name.size() == 4);
 }
+
+}  // namespace nitro_test_optim_groups

@@ -18,6 +18,8 @@
 #include <sstream>
 #include <string>
 
+namespace nitro_test_snapshot_policy {  // one namespace per file: an area is compiled as one translation unit
+
 namespace fs = std::filesystem;
 using nitro::test::TempDir;
 
@@ -154,3 +156,5 @@ TEST_CASE("snapshot::Policy: after a stop on SIGTERM, a late copy of the signal 
   CHECK(read_text(dir / "stopped") == "5 2 1 SIGTERM");
   CHECK(read_text(dir / "alive") == "after a late copy");
 }
+
+}  // namespace nitro_test_snapshot_policy

@@ -17,6 +17,8 @@
 #include <stdexcept>
 #include <string>
 
+namespace nitro_test_snapshot_run {  // one namespace per file: an area is compiled as one translation unit
+
 namespace fs = std::filesystem;
 using nitro::test::TempDir;
 using nitro::test::TinyGan;
@@ -286,3 +288,5 @@ TEST_CASE("several loops: a loop whose hook refuses its state with any exception
   CHECK(g2.hook<Picky>().count == 5);
   CHECK(d2.optimizer_steps() == 5);
 }
+
+}  // namespace nitro_test_snapshot_run

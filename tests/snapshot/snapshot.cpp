@@ -17,6 +17,8 @@
 #include <random>
 #include <thread>
 
+namespace nitro_test_snapshot_snapshot {  // one namespace per file: an area is compiled as one translation unit
+
 namespace fs = std::filesystem;
 using nitro::test::TempDir;
 
@@ -783,3 +785,5 @@ TEST_CASE("gpu: a run on the GPU saves and loads bit for bit, its CUDA generator
   const auto now = nitro::snapshot::detail::model_part(*other);
   CHECK(difference(then, now) == "");
 }
+
+}  // namespace nitro_test_snapshot_snapshot

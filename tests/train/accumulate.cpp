@@ -6,6 +6,10 @@
 
 #include <vector>
 
+#include <nitro/memory/tracking_allocator.hpp>
+
+namespace nitro_test_train_accumulate {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 // An elementwise model: its forward has no matmul, so under fp16 autocast it still computes in fp32
@@ -109,7 +113,6 @@ TEST_CASE("flush() steps on a partial window as the mean over its micro-batches,
 
 // ---- accumulate::Adaptive ---------------------------------------------------------------------------
 
-#include <nitro/memory/tracking_allocator.hpp>
 
 namespace {
 
@@ -260,3 +263,5 @@ TEST_CASE("Adaptive: an out-of-memory in the optimizer step reaches the caller w
   CHECK(loop.optimizer_steps() == 0);
   for (const auto& p : model->parameters()) CHECK_FALSE(p.grad().defined());
 }
+
+}  // namespace nitro_test_train_accumulate

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+namespace nitro_test_train_amp {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 struct Reference {
@@ -184,3 +186,5 @@ TEST_CASE("bad loss-scale options name the option") {
                        nitro::Error);
   CHECK_THROWS_WITH_AS(nitro::StaticLossScale({.scale = -1}), doctest::Contains("scale must be > 0"), nitro::Error);
 }
+
+}  // namespace nitro_test_train_amp

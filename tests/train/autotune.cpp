@@ -13,6 +13,8 @@
 #include <fstream>
 #include <sstream>
 
+namespace nitro_test_train_autotune {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 using Batch = std::pair<at::Tensor, at::Tensor>;
@@ -626,3 +628,5 @@ TEST_CASE("Options::hardware = false leaves the user's hardware settings as they
   }
   CHECK(nitro::hw::current().cudnn_benchmark == false);
 }
+
+}  // namespace nitro_test_train_autotune

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+namespace nitro_test_train_checkpoint {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 torch::nn::Sequential make_mlp(int layers) {
@@ -650,3 +652,5 @@ TEST_CASE("backward(create_graph) through a checkpoint runs a gradient accumulat
     }
   }
 }
+
+}  // namespace nitro_test_train_checkpoint

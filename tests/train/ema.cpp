@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+namespace nitro_test_train_ema {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 using nitro::ema::Model;
@@ -517,3 +519,5 @@ TEST_CASE("gpu: ema::Model updates on the GPU without a host-device synchronisat
   check_against(ema, hand, 1e-5);
 #endif
 }
+
+}  // namespace nitro_test_train_ema

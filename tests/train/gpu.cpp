@@ -9,6 +9,8 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
+namespace nitro_test_train_gpu {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 #if NITRO_WITH_CUDA
@@ -61,3 +63,5 @@ TEST_CASE("gpu: fp16's one synchronisation per optimizer step is what the sync d
   CHECK_THROWS_WITH(run_steps<level::Basic>(1, {.skip_nonfinite = true}),
                     doctest::Contains("called a synchronizing CUDA operation"));
 }
+
+}  // namespace nitro_test_train_gpu

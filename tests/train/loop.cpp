@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+namespace nitro_test_train_loop {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 const auto x = torch::ones({4, 3});
 }
@@ -497,3 +499,5 @@ TEST_CASE("a user's hook policy is called at each point of the step, in order, w
   CHECK(loop.hook<Recorder>().loaded == 5);
   CHECK(loop.optimizer_steps() == 2);
 }
+
+}  // namespace nitro_test_train_loop

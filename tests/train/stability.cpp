@@ -10,6 +10,8 @@
 #include <map>
 #include <vector>
 
+namespace nitro_test_train_stability {  // one namespace per file: an area is compiled as one translation unit
+
 namespace {
 
 namespace st = nitro::stability;
@@ -230,3 +232,5 @@ TEST_CASE("guard: restores in a row are bounded, a loaded state drops the kept b
   CHECK(skipping.loop.hook<st::Guard>().counts().nonfinite == 1);
   CHECK(skipping.loop.hook<st::Guard>().counts().skipped == 1);
 }
+
+}  // namespace nitro_test_train_stability

@@ -6,6 +6,8 @@
 
 #include <nitro/train/training_loop.hpp>
 
+namespace nitro_test_train_two_models {  // one namespace per file: an area is compiled as one translation unit
+
 using nitro::test::TinyGan;
 
 TEST_CASE("two loops without zero_grad train a GAN exactly as the plain program with zero_grad") {
@@ -44,3 +46,5 @@ TEST_CASE("a loop's window starts from no gradient, and keeps its own within the
   CHECK(torch::allclose(model->weight, torch::full({1, 3}, 0.4)));
   CHECK_FALSE(model->weight.grad().defined());
 }
+
+}  // namespace nitro_test_train_two_models

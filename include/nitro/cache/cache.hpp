@@ -142,7 +142,9 @@ class Cache {
   Cache(Options options, Weigher weigher)
       : capacity_(checked_capacity(options.capacity_bytes)),
         weigher_(std::move(weigher)),
-        evictor_(options.policy, capacity_) {}
+        evictor_(options.policy, capacity_) {
+    ::nitro::detail::check_library_version();
+  }
 
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;

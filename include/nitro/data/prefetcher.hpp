@@ -125,6 +125,7 @@ class Prefetcher {
 
   explicit Prefetcher(Source source) : Prefetcher(std::move(source), Options{}) {}
   Prefetcher(Source source, Options options) : source_(std::move(source)), o_(std::move(options)) {
+    detail::check_library_version();
     NITRO_CHECK(o_.depth >= 1, "nitro::Prefetcher: depth is 0; give the number of batches to make ahead, >= 1");
     NITRO_CHECK(o_.workers >= 1, "nitro::Prefetcher: workers is 0; give the number of worker threads, >= 1");
     if constexpr (run_time_device) {

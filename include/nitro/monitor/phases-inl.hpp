@@ -6,6 +6,7 @@
 namespace nitro::monitor {
 
 NITRO_INLINE Recorder::Recorder(const Options& options, const c10::Device& device) : o_(options), device_(concrete_device(device)) {
+  ::nitro::detail::check_library_version();
   NITRO_CHECK(o_.window >= 1, "monitor::Phases: window must be >= 1 (steps kept for percentiles), got ",
               o_.window);
   NITRO_CHECK(o_.warmup_steps >= 0, "monitor::Phases: warmup_steps must be >= 0, got ", o_.warmup_steps);

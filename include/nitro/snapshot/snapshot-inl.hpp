@@ -849,6 +849,7 @@ NITRO_INLINE data::SamplerState sampler_state(const StateDict& d) {
 }
 
 NITRO_INLINE void save(const std::filesystem::path& file, std::span<const Unit> units, const Contents& c, const SaveOptions& options) {
+  ::nitro::detail::check_library_version();
   const std::uint32_t version = options.format_version;
   NITRO_CHECK(version >= oldest_format_version && version <= format_version, "nitro::snapshot::save: ",
               file.string(), ": SaveOptions::format_version is ", version, "; this Nitro writes format versions ",
@@ -919,6 +920,7 @@ NITRO_INLINE void save(const std::filesystem::path& file, const Contents& c, con
 }
 
 NITRO_INLINE Manifest load(const std::filesystem::path& file, std::span<const Unit> units, const Contents& c) {
+  ::nitro::detail::check_library_version();
   Reader reader(file);
   std::vector<UnitLoad> loads(units.size());
   for (std::size_t i = 0; i < units.size(); ++i) {

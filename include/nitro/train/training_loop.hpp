@@ -897,6 +897,7 @@ void TrainingLoop<Policies...>::load_state(const State& s) {
 template <class... Policies>
 void TrainingLoop<Policies...>::init() {
   NITRO_DETAIL_NOT_IMPLICIT(TrainingLoop);
+  detail::check_library_version();
   NITRO_CHECK(model_ != nullptr, "TrainingLoop: the model is null");
   for (const auto& group : optimizer_->param_groups())
     for (const auto& p : group.params()) params_.push_back(p);
