@@ -9,7 +9,8 @@
 #   make sanitize        the unit tests under asan (address + undefined behaviour) and the concurrency
 #                        tests (prefetcher and sampler, cache, snapshots) under tsan; builds only the
 #                        test programs they run (build-asan/, build-tsan/). CI runs it after `make test`
-#   make fuzz            the snapshot reader's libFuzzer target for FUZZ_SECONDS (60)
+#   make fuzz            libFuzzer targets of every reader of untrusted files (snapshots, JPEG/PNG, packed
+#                        image files, record files, YOLO labels), FUZZ_SECONDS (60) shared among them
 #   make clean
 PRESET ?= dev
 JOBS ?= $(shell nproc)
@@ -56,7 +57,7 @@ bench:
 	cmake --build --preset release -j $(JOBS) --target nitro_benchmarks
 	@for b in build-release/bench/bench_*; do [ -x "$$b" ] && "$$b"; done; true
 
-ASAN_AREAS := core hw data train memory monitor io snapshot optim graph cache
+ASAN_AREAS := core hw data train memory monitor io snapshot optim graph cache image
 TSAN_AREAS := data cache io snapshot
 space := $(empty) $(empty)
 sanitize:

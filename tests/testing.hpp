@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <system_error>
@@ -61,6 +62,16 @@ namespace nitro::test {
 inline void remove_tree(const std::filesystem::path& p) {
   std::error_code ignored;
   nitro::io::remove_tree(p, ignored);
+}
+
+/// How many mappings of `file` this process holds (/proc/self/maps): a reader that refused a file
+/// must leave none behind.
+inline int mappings_of(const std::filesystem::path& file) {
+  std::ifstream maps("/proc/self/maps");
+  const std::string name = std::filesystem::absolute(file).lexically_normal().string();
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.size() >= name.size() && line.ends_with(name) ? 1 : 0;
+  return n;
 }
 
 /// A fresh path `<tmp>/<prefix>-<pid>-<n>` (created as an empty directory if asked), removed with

@@ -76,6 +76,32 @@ TEST_CASE("RecordFile: records come back as written, as views inside the mapping
   CHECK_THROWS_WITH_AS(again->record(300), doctest::Contains("out of range"), nitro::Error);
 }
 
+TEST_CASE("RecordFile: an empty field reads back, a refused file leaves no mapping, an overflowing shape is refused") {
+  nitro::test::TempDir dir("nitro-rec", true);
+  const auto path = dir / "empty.nrec";
+  {
+    RecordWriter w(path, {{"none", at::kFloat, {0, 4}}, {"label", at::kLong, {}}}, {.fsync = false});
+    for (int64_t i = 0; i < 3; ++i) w.write({torch::empty({0, 4}), torch::tensor(i)});
+    w.close();
+  }
+  {
+    auto file = RecordFile::open(path, {.verify = RecordFile::Verify::eager});
+    auto none = torch::empty({0, 4}), label = torch::empty({}, at::kLong);
+    file->read_into(2, {none, label});
+    CHECK(label.item<int64_t>() == 2);
+    CHECK(file->record(1)[0].sizes() == at::IntArrayRef{0, 4});
+  }
+  // Format version 2 is refused after the file was mapped: the mapping goes with the refusal.
+  auto b = bytes_of(path);
+  b[8] = 2;
+  write_bytes(path, b, b.size());
+  for (int i = 0; i < 3; ++i) CHECK_THROWS_AS(RecordFile::open(path), nitro::Error);
+  CHECK(nitro::test::mappings_of(path) == 0);
+  // No bytes, but an element count past 2^48 (strides that overflow LibTorch's offsets).
+  CHECK_THROWS_WITH_AS(RecordWriter(dir / "huge.nrec", {{"x", at::kByte, {0, int64_t{1} << 62, 0}}}),
+                       doctest::Contains("'x'"), nitro::Error);
+}
+
 TEST_CASE("RecordDataset through make_data_loader with 2 workers reads every record") {
   nitro::test::TempDir dir("nitro-rec", true);
   const auto path = dir / "train.nrec";

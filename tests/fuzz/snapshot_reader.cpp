@@ -5,9 +5,10 @@
 //
 // Built with FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION, which skips the checksum comparisons so that
 // mutated inputs reach the decoders (a real reader stops at the checksum). tests/fuzz/run.sh builds
-// and runs it; tests/fuzz/corpus/ holds small valid snapshots to start from: *.nitro of format
-// version 1 (XXH64; tests/snapshot/snapshot.cpp loads them as files an earlier Nitro wrote) and
-// *-v2.nitro of version 2 (XXH3).
+// and runs it; the files at the top of tests/fuzz/corpus/ (its subfolders are the other targets'
+// seeds) are small valid snapshots to start from: *.nitro of format version 1 (XXH64;
+// tests/snapshot/snapshot.cpp loads them as files an earlier Nitro wrote) and *-v2.nitro of version
+// 2 (XXH3).
 //
 // With --make-corpus DIR (a plain build, no fuzzer) it writes that corpus.
 #include <nitro/snapshot/snapshot.hpp>

@@ -449,6 +449,7 @@ TEST_CASE("YoloDataset: each malformed label line is a nitro::Error naming file:
       {"1.5 0.5 0.5 0.1 0.1", "not a whole number >= 0"},
       {"0 nan 0.5 0.1 0.1", "not finite"},
       {"0 0.5 inf 0.1 0.1", "not finite"},
+      {"0 0.5 0.5 1e39 0.1", "too large for a float"},  // finite as a double, inf as the float kept
   };
   for (const auto& [line, why] : bad) {
     CAPTURE(line);
@@ -462,6 +463,8 @@ TEST_CASE("YoloDataset: each malformed label line is a nitro::Error naming file:
   CHECK(torch::equal(loose.boxes(0), boxes_of({{0, 0.5f, 0.5f, 0.1f, 0.1f}, {4, 1.5f, -0.25f, 2, 0.5f}})));
   CHECK_THROWS_WITH_AS(data::YoloDataset(dir / "set"), contains(where + ": 1.5 is outside [0, 1]"), nitro::Error);
   write_text(label, "0 0.5 0.5 0.1 0.1\n0 nan 0.5 0.1 0.1\n");
+  CHECK_THROWS_WITH_AS(data::YoloDataset(dir / "set", {.check_normalised = false}), contains(where), nitro::Error);
+  write_text(label, "0 0.5 0.5 0.1 0.1\n0 0.5 0.5 -1e39 0.1\n");
   CHECK_THROWS_WITH_AS(data::YoloDataset(dir / "set", {.check_normalised = false}), contains(where), nitro::Error);
 }
 

@@ -226,6 +226,25 @@ TEST_CASE("PackedWriter (pack): what it refuses, an unclosed writer leaves no fi
   CHECK(PackedFile::open(path, {.verify = PackedFile::Verify::eager})->size() == 0);
 }
 
+TEST_CASE("PackedFile (pack): a file refused after it was mapped leaves no mapping behind") {
+  nitro::test::TempDir dir("nitro-pak", true);
+  const auto path = dir / "x.npak";
+  {
+    PackedWriter w(path, {.fsync = false});
+    w.write(jpeg(8, 8, 1), 1, "a.jpg");
+    w.close();
+  }
+  std::vector<char> b;
+  {
+    std::ifstream in(path, std::ios::binary);
+    b.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  b[8] = 2;  // format version 2: refused once mapped (checksums and all)
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(b.data(), static_cast<std::streamsize>(b.size()));
+  for (int i = 0; i < 3; ++i) CHECK_THROWS_WITH_AS(PackedFile::open(path), doctest::Contains("format version 2"), nitro::Error);
+  CHECK(nitro::test::mappings_of(path) == 0);
+}
+
 TEST_CASE("PackedFile (pack): a truncated, foreign or damaged file is a nitro::Error that says which") {
   nitro::test::TempDir dir("nitro-pak", true);
   const auto path = dir / "train.npak";

@@ -28,7 +28,7 @@ int main() {
   if (back.sizes() != at::IntArrayRef{3, 16, 24} || (back.to(at::kInt) - 77).abs().max().item<int>() > 1) return 1;
   std::printf("nitro consumer: nitro::image ok\n");
 #endif
-  std::printf("nitro consumer ok: nitro %s, LibTorch %s, NITRO_WITH_CUDA=%d\n", nitro::version_string, TORCH_VERSION,
-              NITRO_WITH_CUDA);
+  std::printf("nitro consumer ok: nitro %s, LibTorch %s, NITRO_WITH_CUDA=%d, %s\n", nitro::version_string,
+              TORCH_VERSION, NITRO_WITH_CUDA, NITRO_COMPILED ? "compiled library" : "header-only");
   return 0;
 }

@@ -44,6 +44,7 @@ NITRO_INLINE bool tf32_enabled() {
 #endif
 }
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE void init_cuda_allocator() {
 #if NITRO_TORCH_VERSION >= 206
   at::globalContext().lazyInitDevice(c10::DeviceType::CUDA);
@@ -51,7 +52,9 @@ NITRO_INLINE void init_cuda_allocator() {
   at::globalContext().lazyInitCUDA();
 #endif
 }
+#endif
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE std::optional<double> cuda_memory_fraction([[maybe_unused]] c10::DeviceIndex device) {
 #if NITRO_TORCH_VERSION >= 210
   init_cuda_allocator();
@@ -60,10 +63,13 @@ NITRO_INLINE std::optional<double> cuda_memory_fraction([[maybe_unused]] c10::De
   return std::nullopt;
 #endif
 }
+#endif
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE void set_cuda_memory_fraction(double fraction, c10::DeviceIndex device) {
   init_cuda_allocator();
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, device);
 }
+#endif
 
 }  // namespace nitro::compat

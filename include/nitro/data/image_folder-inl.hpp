@@ -169,7 +169,9 @@ NITRO_INLINE void YoloDataset::read_labels(const std::string& file, const YoloOp
     NITRO_CHECK(v[0] >= 0 && v[0] == std::floor(v[0]) && v[0] < 1e9, "data::YoloDataset: ", file, ":", n, ": the class ",
                 v[0], " is not a whole number >= 0");
     for (int j = 1; j < 5; ++j) {
-      NITRO_CHECK(std::isfinite(v[static_cast<std::size_t>(j)]), "data::YoloDataset: ", file, ":", n, ": a coordinate is not finite");
+      // Finite as a float, as it is kept: 1e39 is finite as a double and inf as a float.
+      NITRO_CHECK(std::isfinite(static_cast<float>(v[static_cast<std::size_t>(j)])), "data::YoloDataset: ", file, ":",
+                  n, ": a coordinate is not finite (or too large for a float)");
       NITRO_CHECK(!o.check_normalised || (v[static_cast<std::size_t>(j)] >= 0 && v[static_cast<std::size_t>(j)] <= 1),
                   "data::YoloDataset: ", file, ":", n, ": ", v[static_cast<std::size_t>(j)],
                   " is outside [0, 1]; YOLO labels are fractions of the image (YoloOptions::check_normalised)");

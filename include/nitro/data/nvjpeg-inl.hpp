@@ -152,6 +152,7 @@ NITRO_INLINE std::string NvJpeg::library() {
   return f.library->path() + (v.empty() ? std::string() : " (nvJPEG " + v + ")");
 }
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE NvJpeg::NvJpeg(c10::Device device) : device_(device) {
   const auto reason = unavailable_reason();
   NITRO_CHECK(reason.empty(), "image::NvJpeg: ", reason, "; image::decode_on falls back to the CPU by itself");
@@ -188,7 +189,9 @@ NITRO_INLINE NvJpeg::NvJpeg(c10::Device device) : device_(device) {
     throw Error("image::NvJpeg: nvjpegJpegStreamCreate failed: " + detail::nvj::status_name(s));
   }
 }
+#endif
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE NvJpeg& NvJpeg::operator=(NvJpeg&& o) noexcept {
   if (this != &o) {
     release();
@@ -196,7 +199,9 @@ NITRO_INLINE NvJpeg& NvJpeg::operator=(NvJpeg&& o) noexcept {
   }
   return *this;
 }
+#endif
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE std::vector<at::Tensor> NvJpeg::decode(const std::vector<std::span<const std::uint8_t>>& jpegs, std::optional<c10::cuda::CUDAStream> stream) {
   const c10::cuda::CUDAGuard guard(device_);
   const auto s = stream.value_or(c10::cuda::getCurrentCUDAStream(device_.index()));
@@ -235,7 +240,9 @@ NITRO_INLINE std::vector<at::Tensor> NvJpeg::decode(const std::vector<std::span<
   for (const auto k : cpu) out[k] = image::decode(jpegs[k], {}, "jpegs[" + std::to_string(k) + "]").to(device_);
   return out;
 }
+#endif
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE std::optional<std::pair<std::int64_t, std::int64_t>> NvJpeg::gpu_shape(std::span<const std::uint8_t> b, std::size_t k) {
   if (image::sniff(b) != Format::jpeg || !detail::ends_with_eoi(b)) return std::nullopt;
   int components = 0, subsampling = 0, w[4] = {}, h[4] = {};
@@ -252,7 +259,9 @@ NITRO_INLINE std::optional<std::pair<std::int64_t, std::int64_t>> NvJpeg::gpu_sh
   }
   return std::pair<std::int64_t, std::int64_t>{h[0], w[0]};
 }
+#endif
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE detail::nvj::Status NvJpeg::run(const std::vector<std::span<const std::uint8_t>>& jpegs, std::vector<detail::nvj::Image>& images, const std::vector<std::size_t>& which, const c10::cuda::CUDAStream& s) {
   const int m = static_cast<int>(which.size());
   if (batch_ != m) {
@@ -273,7 +282,9 @@ NITRO_INLINE detail::nvj::Status NvJpeg::run(const std::vector<std::span<const s
   if (st != detail::nvj::success) batch_ = 0;  // a failed batch needs nvjpegDecodeBatchedInitialize again
   return st;
 }
+#endif
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE void NvJpeg::release() noexcept {
   if (lib_ == nullptr) return;
   if (parsed_ != nullptr) lib_->stream_destroy(parsed_);
@@ -283,7 +294,9 @@ NITRO_INLINE void NvJpeg::release() noexcept {
   state_ = nullptr;
   handle_ = nullptr;
 }
+#endif
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE void NvJpeg::swap(NvJpeg& o) noexcept {
   std::swap(device_, o.device_);
   std::swap(lib_, o.lib_);
@@ -295,6 +308,7 @@ NITRO_INLINE void NvJpeg::swap(NvJpeg& o) noexcept {
   std::swap(hardware_, o.hardware_);
   std::swap(flags_, o.flags_);
 }
+#endif
 
 NITRO_INLINE std::vector<at::Tensor> decode_on(c10::Device device, const std::vector<std::span<const std::uint8_t>>& jpegs) {
   const auto on_cpu = [&](std::optional<c10::Device> to) {

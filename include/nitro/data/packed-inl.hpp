@@ -177,6 +177,7 @@ NITRO_INLINE PackedFile::PackedFile(const std::filesystem::path& path, Options o
   void* m = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_.get(), 0);
   NITRO_CHECK(m != MAP_FAILED, "data::PackedFile: cannot map '", path_, "': ", io::os_error(errno));
   base_ = m;
+  io::UnmapOnThrow unmap(base_, size_);  // the destructor does not run for a file refused below
   const auto* b = static_cast<const unsigned char*>(base_);
   NITRO_CHECK(p::get<std::uint32_t>(b + 8) == p::kVersion, "data::PackedFile: '", path_, "' has format version ",
               p::get<std::uint32_t>(b + 8), "; this Nitro reads version ", p::kVersion);
@@ -260,6 +261,7 @@ NITRO_INLINE PackedFile::PackedFile(const std::filesystem::path& path, Options o
               "': the index does not cover the payload, boxes and names exactly (a damaged or crafted file)");
   checked_ = std::make_unique<std::atomic<bool>[]>(static_cast<std::size_t>(chunks));
   for (std::uint64_t c = 0; c < chunks; ++c) checked_[c] = options_.verify == Verify::none;
+  unmap.release();
 }
 
 NITRO_INLINE const detail::pak::Entry& PackedFile::entry(int64_t i) const {

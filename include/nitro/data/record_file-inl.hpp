@@ -6,10 +6,14 @@
 namespace nitro::data::detail::rec {
 
 NITRO_INLINE std::optional<uint64_t> field_bytes(const std::vector<int64_t>& shape, c10::ScalarType dtype) {
-  uint64_t n = c10::elementSize(dtype);
+  // The product of the dimensions other than zeros must fit too: a tensor of shape {0, 2^62, 0} holds
+  // no bytes, but its strides (and a batch of it) overflow LibTorch's 64-bit offsets.
+  uint64_t n = c10::elementSize(dtype), nonzero = c10::elementSize(dtype);
   for (auto d : shape) {
     if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return std::nullopt;
+    if (d > 0 && __builtin_mul_overflow(nonzero, static_cast<uint64_t>(d), &nonzero)) return std::nullopt;
   }
+  if (nonzero > (uint64_t{1} << 48)) return std::nullopt;  // 256 TiB for one field: no real record
   return n;
 }
 
@@ -52,7 +56,7 @@ NITRO_INLINE void check_fields(const std::vector<RecordField>& fields) {
                 " is not storable; use a plain integer, bool or floating dtype");
     const auto bytes = field_bytes(f.shape, f.dtype);
     NITRO_CHECK(bytes && *bytes <= kMaxRecordBytes, "data::RecordWriter: field '", f.name, "' of shape ",
-                c10::IntArrayRef(f.shape), " has a negative dimension or more than 4 GiB");
+                c10::IntArrayRef(f.shape), " has a negative dimension, or more than 4 GiB or 2^48 elements");
   }
 }
 
@@ -113,7 +117,7 @@ NITRO_INLINE void RecordWriter::write(const std::vector<at::Tensor>& values) {
                 "data::RecordWriter::write: field '", f.name, "' is ", c10::toString(f.dtype), " and the value is ",
                 c10::toString(v.scalar_type()), "; convert it yourself (e.g. (x * 255).round().to(torch::kByte))");
     const at::Tensor c = v.to(c10::kCPU, f.dtype).contiguous();
-    std::memcpy(buffer_.data() + offsets_[i], c.data_ptr(), c.nbytes());
+    if (c.nbytes() > 0) std::memcpy(buffer_.data() + offsets_[i], c.data_ptr(), c.nbytes());  // null data_ptr() when empty
   }
   file_.write(buffer_.data(), buffer_.size());
   chunk_hash_.update(std::span<const std::byte>(reinterpret_cast<const std::byte*>(buffer_.data()), buffer_.size()));
@@ -178,7 +182,7 @@ NITRO_INLINE void RecordFile::read_into(int64_t i, const std::vector<at::Tensor>
                     d.sizes().vec() == fields_[k].shape,
                 "data::RecordFile::read_into: destination ", k, " must be a contiguous CPU tensor of ",
                 c10::toString(fields_[k].dtype), " ", c10::IntArrayRef(fields_[k].shape));
-    std::memcpy(d.data_ptr(), rec + offsets_[k], d.nbytes());
+    if (d.nbytes() > 0) std::memcpy(d.data_ptr(), rec + offsets_[k], d.nbytes());  // an empty field's data_ptr() is null
   }
 }
 
@@ -203,6 +207,7 @@ NITRO_INLINE RecordFile::RecordFile(const std::filesystem::path& path, Options o
   void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd.get(), 0);
   NITRO_CHECK(p != MAP_FAILED, "data::RecordFile: cannot map '", path_, "': ", io::os_error(errno));
   base_ = p;
+  io::UnmapOnThrow unmap(base_, size_);  // the destructor does not run for a file refused below
   const auto* b = static_cast<const unsigned char*>(base_);
   NITRO_CHECK(std::memcmp(b, r::kMagic, 8) == 0, "data::RecordFile: '", path_,
               "' is not a Nitro record file (no NITROREC magic); write it with data::RecordWriter or nitro_pack");
@@ -260,6 +265,7 @@ NITRO_INLINE RecordFile::RecordFile(const std::filesystem::path& path, Options o
   for (uint64_t c = 0; c < chunks; ++c) hashes_.push_back(r::get<uint64_t>(f + 8 * c));
   checked_ = std::make_unique<std::atomic<bool>[]>(chunks);
   for (uint64_t c = 0; c < chunks; ++c) checked_[c] = options_.verify == Verify::none;
+  unmap.release();
 }
 
 NITRO_INLINE void RecordFile::check_index(int64_t i) {

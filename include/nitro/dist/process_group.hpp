@@ -225,7 +225,7 @@ class ProcessGroup {
   /// A vote among the ranks (core/rank.hpp's Agreement) on this group: a one-element all-reduce
   /// begun without waiting, on the CPU through Gloo; on a group with NCCL only, on the GPU, read one
   /// vote late (end() returns the vote begun before the last) so that reading it never waits for the GPU.
-  [[nodiscard]] std::unique_ptr<Agreement> make_agreement() const;
+  [[nodiscard]] NITRO_INLINE std::unique_ptr<Agreement> make_agreement() const;
 
   /// Shuts the backends down now (later collectives fail); the last copy's destruction does it too.
   void shutdown() const { s_->shutdown(); }

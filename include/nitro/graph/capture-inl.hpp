@@ -9,6 +9,7 @@ NITRO_INLINE bool TensorShape::matches(const at::Tensor& t) const {
   return t.scalar_type() == dtype && t.device() == device && t.sizes().equals(sizes) && t.strides().equals(strides);
 }
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE void Graph::abandon(cudaStream_t stream, c10::DeviceIndex device, c10::MempoolId_t pool) noexcept {
   if (!capture_ended_) {  // else capture_end got that far: reset() releases the pool, once
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -31,13 +32,17 @@ NITRO_INLINE void Graph::abandon(cudaStream_t stream, c10::DeviceIndex device, c
   for (auto& entry : captured_generator_states_) entry.first->capturing_ = false;
   quietly([&] { reset(); });  // forgets the capture id; releases the pool only if capture_end ended the capture
 }
+#endif
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE SideStream::SideStream(const c10::cuda::CUDAStream& current, const c10::cuda::CUDAStream& side) : current_(current), side_(side), guard_(side) {
   at::cuda::CUDAEvent ready;
   ready.record(current_);
   ready.block(side_);
 }
+#endif
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE SideStream::~SideStream() {
   try {
     at::cuda::CUDAEvent done;
@@ -46,5 +51,6 @@ NITRO_INLINE SideStream::~SideStream() {
   } catch (...) {  // nothing to do: an error here is the device's, the next CUDA call reports it
   }
 }
+#endif
 
 }  // namespace nitro::graph::detail

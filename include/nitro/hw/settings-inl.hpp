@@ -32,6 +32,7 @@ NITRO_INLINE Settings Settings::reproducible() {
 
 namespace nitro::hw::detail {
 
+#if defined(__linux__)
 NITRO_INLINE std::vector<pid_t> process_threads() {
   const auto self = static_cast<pid_t>(::syscall(SYS_gettid));
   std::vector<pid_t> out{self};
@@ -45,7 +46,9 @@ NITRO_INLINE std::vector<pid_t> process_threads() {
   }
   return out;
 }
+#endif
 
+#if defined(__linux__)
 NITRO_INLINE std::vector<int> cpus_of(pid_t tid) {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -55,21 +58,27 @@ NITRO_INLINE std::vector<int> cpus_of(pid_t tid) {
     if (CPU_ISSET(c, &set)) out.push_back(c);
   return out;
 }
+#endif
 
+#if defined(__linux__)
 NITRO_INLINE bool set_cpus(pid_t tid, const std::vector<int>& cpus) {
   cpu_set_t set;
   CPU_ZERO(&set);
   for (int c : cpus) CPU_SET(c, &set);
   return ::sched_setaffinity(tid, sizeof set, &set) == 0;
 }
+#endif
 
+#if defined(__linux__)
 NITRO_INLINE std::optional<int> nice_of(pid_t tid) {
   errno = 0;
   const int v = ::getpriority(PRIO_PROCESS, static_cast<id_t>(tid));
   if (v == -1 && errno != 0) return std::nullopt;
   return v;
 }
+#endif
 
+#if defined(__linux__)
 NITRO_INLINE bool may_lower_nice_to(int value) {
   rlimit lim{};
   if (::getrlimit(RLIMIT_NICE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY &&
@@ -86,6 +95,7 @@ NITRO_INLINE bool may_lower_nice_to(int value) {
   }
   return false;
 }
+#endif
 
 }  // namespace nitro::hw::detail
 
@@ -220,6 +230,7 @@ NITRO_INLINE void ScopedSettings::apply(const Settings& s) {
 #endif
 }
 
+#if defined(__linux__)
 NITRO_INLINE void ScopedSettings::apply_affinity(const std::vector<int>& cpus) {
   const auto threads = detail::process_threads();
   for (pid_t t : threads) saved_cpus_.emplace_back(t, detail::cpus_of(t));
@@ -237,7 +248,9 @@ NITRO_INLINE void ScopedSettings::apply_affinity(const std::vector<int>& cpus) {
   NITRO_CHECK(now == wanted, "hw::Settings: cpu_affinity {", join(cpus), "} is not allowed here: the process "
               "may use only {", join(now), "} of them (a cgroup or taskset limits it); give CPUs among those");
 }
+#endif
 
+#if defined(__linux__)
 NITRO_INLINE void ScopedSettings::apply_nice(int value) {
   const auto threads = detail::process_threads();
   std::vector<std::pair<pid_t, int>> before;
@@ -267,13 +280,17 @@ NITRO_INLINE void ScopedSettings::apply_nice(int value) {
     nitro::detail::fail("hw::Settings: nice ", value, " could not be set (", std::strerror(errno), ")");
   }
 }
+#endif
 
+#if defined(__linux__)
 NITRO_INLINE std::string ScopedSettings::join(const std::vector<int>& v) {
   std::string out;
   for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
   return out;
 }
+#endif
 
+#if defined(__linux__)
 NITRO_INLINE void ScopedSettings::restore_threads() noexcept {
   if (saved_cpus_.empty() && saved_nice_.empty()) return;
   try {
@@ -292,6 +309,7 @@ NITRO_INLINE void ScopedSettings::restore_threads() noexcept {
   saved_cpus_.clear();
   saved_nice_.clear();
 }
+#endif
 
 NITRO_INLINE void ScopedSettings::restore() noexcept {
   auto& ctx = at::globalContext();

@@ -14,8 +14,9 @@ NITRO_INLINE std::uint64_t xxh_merge(std::uint64_t h, std::uint64_t acc) noexcep
 }
 
 NITRO_INLINE std::uint64_t xxh_finish(std::uint64_t h, const unsigned char* p, const unsigned char* end) noexcept {
-  for (; p + 8 <= end; p += 8) h = std::rotl(h ^ xxh_round(0, read_le<std::uint64_t>(p)), 27) * xxh_p1 + xxh_p4;
-  if (p + 4 <= end) {
+  // Lengths, not p + 8 <= end: no pointer is formed past the end (nor from a null p with nothing to read).
+  for (; end - p >= 8; p += 8) h = std::rotl(h ^ xxh_round(0, read_le<std::uint64_t>(p)), 27) * xxh_p1 + xxh_p4;
+  if (end - p >= 4) {
     h = std::rotl(h ^ (static_cast<std::uint64_t>(read_le<std::uint32_t>(p)) * xxh_p1), 23) * xxh_p2 + xxh_p3;
     p += 4;
   }
@@ -165,6 +166,7 @@ NITRO_INLINE void xxh3_accumulate_scalar(std::uint64_t* acc, const unsigned char
     }
 }
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 NITRO_INLINE void xxh3_accumulate_sse2(std::uint64_t* acc, const unsigned char* p, const unsigned char* secret, std::size_t stripes) noexcept {
   __m128i a[4];
   for (int i = 0; i < 4; ++i) a[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(acc) + i);
@@ -177,7 +179,9 @@ NITRO_INLINE void xxh3_accumulate_sse2(std::uint64_t* acc, const unsigned char* 
     }
   for (int i = 0; i < 4; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(acc) + i, a[i]);
 }
+#endif
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 NITRO_INLINE __attribute__((target("avx2"))) void xxh3_accumulate_avx2(std::uint64_t* acc, const unsigned char* p, const unsigned char* secret, std::size_t stripes) noexcept {
   __m256i a0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc));
   __m256i a1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc) + 1);
@@ -194,6 +198,7 @@ NITRO_INLINE __attribute__((target("avx2"))) void xxh3_accumulate_avx2(std::uint
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc), a0);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc) + 1, a1);
 }
+#endif
 
 NITRO_INLINE Xxh3Accumulate xxh3_accumulate() noexcept {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -28,6 +28,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -209,6 +210,27 @@ class Fd {
 
  private:
   int fd_;
+};
+
+/// Unmaps a mapping at the end of its scope unless released: a constructor that maps a file and then
+/// refuses it (throws) leaves no mapping behind.
+///   base_ = ::mmap(...);  io::UnmapOnThrow guard(base_, size_);  ...checks...;  guard.release();
+class UnmapOnThrow {
+ public:
+  UnmapOnThrow(void*& base, std::size_t size) noexcept : base_(&base), size_(size) {}
+  UnmapOnThrow(const UnmapOnThrow&) = delete;
+  UnmapOnThrow& operator=(const UnmapOnThrow&) = delete;
+  ~UnmapOnThrow() {
+    if (base_ != nullptr && *base_ != nullptr) {
+      ::munmap(*base_, size_);
+      *base_ = nullptr;
+    }
+  }
+  void release() noexcept { base_ = nullptr; }
+
+ private:
+  void** base_;
+  std::size_t size_;
 };
 
 NITRO_INLINE bool write_all(int fd, const void* data, std::size_t n) noexcept;

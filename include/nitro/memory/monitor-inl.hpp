@@ -77,12 +77,14 @@ NITRO_INLINE std::string format_bytes(std::int64_t bytes) {
   return out.data();
 }
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE c10::DeviceIndex cuda_index(int device) {
   const auto count = static_cast<int>(c10::cuda::device_count());
   NITRO_CHECK(device < count, "nitro::memory: CUDA device ", device, " does not exist (this process sees ", count,
               " device(s)); pass an index in [0, ", count, ") or -1 for the current device");
   return device < 0 ? c10::cuda::current_device() : static_cast<c10::DeviceIndex>(device);
 }
+#endif
 
 }  // namespace nitro::memory::detail
 

@@ -106,10 +106,13 @@ NITRO_INLINE void Recorder::commit(const StepRecord& r) {
   if (o_.memory_every > 0 && totals_.steps % o_.memory_every == 0) read_memory();
 }
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE Recorder::Pending::Pending() {
   for (auto& e : events) e = at::cuda::CUDAEvent(cudaEventDefault);
 }
+#endif
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE void Recorder::begin_events(bool paused) {
   // Read the steps the device has passed; wait only when every slot is taken.
   while (pending_count_ > 0 && resolve_oldest(/*wait=*/false)) {
@@ -120,7 +123,9 @@ NITRO_INLINE void Recorder::begin_events(bool paused) {
   p.marks = 0;
   p.events[0].record(stream());
 }
+#endif
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE void Recorder::mark_event(Phase phase) {
   auto& p = pool_[(pending_first_ + pending_count_) % kPending];
   if (p.marks < kMarks) {
@@ -131,14 +136,18 @@ NITRO_INLINE void Recorder::mark_event(Phase phase) {
   }
   p.events[static_cast<std::size_t>(p.marks)].record(stream());
 }
+#endif
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE void Recorder::end_events() {
   auto& p = pool_[(pending_first_ + pending_count_) % kPending];
   p.record = current_;
   last_recorded_ = &p.events[static_cast<std::size_t>(p.marks)];
   ++pending_count_;
 }
+#endif
 
+#if NITRO_WITH_CUDA
 NITRO_INLINE bool Recorder::resolve_oldest(bool wait) {
   auto& p = pool_[pending_first_];
   auto& last = p.events[static_cast<std::size_t>(p.marks)];
@@ -155,5 +164,6 @@ NITRO_INLINE bool Recorder::resolve_oldest(bool wait) {
   commit(r);
   return true;
 }
+#endif
 
 }  // namespace nitro::monitor
