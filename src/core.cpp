@@ -20,12 +20,15 @@
 #include <nitro/version.hpp>
 
 #include <atomic>
+#include <exception>
 #include <string>
 
 namespace {
 // The NITRO_VERSION of the headers the program was built with, as its translation units say when the
 // program starts (core/config.hpp); 0 until then.
 std::atomic<int> headers_version{0};
+// Whether a translation unit of the program was built with NITRO_THROW_ON_CONTRACT_VIOLATION.
+std::atomic<bool> contract_violation_throws{false};
 
 std::string version_text(int v) {
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
@@ -38,6 +41,13 @@ extern "C" int nitro_compiled_library_is_not_linked__link_nitro_compiled(int ver
 }
 
 namespace nitro::detail {
+void throw_on_contract_violation() noexcept { contract_violation_throws.store(true, std::memory_order_relaxed); }
+
+void library_contract_violation(const char* kind, const char* cond, const char* file, int line) {
+  if (contract_violation_throws.load(std::memory_order_relaxed)) contract_violation(kind, cond, file, line);
+  std::terminate();
+}
+
 void check_library_version() {
   const int headers = headers_version.load(std::memory_order_relaxed);
   NITRO_CHECK(headers == 0 || headers == NITRO_VERSION, "nitro: this program was built with the headers of Nitro ",

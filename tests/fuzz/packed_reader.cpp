@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -150,6 +151,8 @@ void read_all(const std::vector<unsigned char>& b, PackedVerify verify) {
       if (box_count > 0 && std::memcmp(boxes.data_ptr<float>(), b.data() + boxes_at + box_first * pak::kBoxBytes,
                                        box_count * pak::kBoxBytes) != 0)
         finding("boxes other than the file's rows at their place");
+      for (std::uint64_t k = 0; k < box_count * 5; ++k)
+        if (!std::isfinite(boxes.data_ptr<float>()[k])) finding("a box value that is not finite");
     } else {
       try {
         (void)images.boxes(i);

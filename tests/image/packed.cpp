@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <tuple>
 
@@ -373,6 +374,10 @@ TEST_CASE("PackedFile (pack): crafted headers, footers and index entries with va
   refused(entry(5, 5), uint64_t{1} << 50, "name beyond the names", outside);
   refused(entry(5, 6), ~uint64_t{0}, "name length 2^64 - 1", outside);
   refused(entry(5, 2), int64_t{4}, "a label in a detection file", outside);
+  // A box value that is not finite (the writer refuses those): the boxes table follows the index.
+  const size_t boxes_at = f.index_at + 56 * 20;
+  refused(boxes_at + 4, std::numeric_limits<float>::quiet_NaN(), "a NaN cx", "not finite");
+  refused(boxes_at + 5 * 4 * 7 + 12, std::numeric_limits<float>::infinity(), "an infinite w", "not finite");
   // The last record one 8-byte step shorter: the index no longer covers the payload.
   auto b = good;
   const auto len = get<uint64_t>(b, entry(19, 1));

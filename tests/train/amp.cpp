@@ -129,6 +129,18 @@ TEST_CASE("DynamicLossScale: growth, backoff and state_dict round trip") {
   CHECK(restored.current_scale() == 128.0);
 }
 
+// DynamicLossScale::update is compiled into the library in compiled mode: its contract check follows
+// the program's NITRO_THROW_ON_CONTRACT_VIOLATION there too (the library is built without it).
+TEST_CASE("a contract broken inside the compiled library throws ContractViolation as header-only code does") {
+  nitro::DynamicLossScale scaler;
+  try {
+    scaler.update(torch::zeros({}));  // no loss scaled yet: a broken precondition, not a user's option
+    FAIL("NITRO_EXPECTS in DynamicLossScale::update did not throw");
+  } catch (const nitro::ContractViolation& e) {
+    CHECK(std::string(e.what()).find("precondition violated: scale_.defined()") != std::string::npos);
+  }
+}
+
 TEST_CASE("a gradient that is inf or NaN is found and its step skipped, and StaticLossScale keeps its scale") {
   torch::nn::Linear model(2, 1);
   torch::optim::SGD optimizer(model->parameters(), 0.1);

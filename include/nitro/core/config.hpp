@@ -37,8 +37,8 @@
 #define NITRO_INLINE inline
 #endif
 
-// A program built with NITRO_COMPILED that does not link Nitro's library fails to link, and the
-// first symbol the linker names says what to link. The call also tells the library which headers
+// A program built with NITRO_COMPILED that does not link Nitro's library fails to link, and among
+// the undefined symbols the linker names is one that says what to link. The call also tells the library which headers
 // the program was built with (nitro::detail::check_library_version, core/error.hpp).
 #if NITRO_COMPILED && !defined(NITRO_COMPILED_SOURCE)
 #include <nitro/version.hpp>

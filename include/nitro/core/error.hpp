@@ -6,7 +6,8 @@
 //    message says what was wrong and what to do. NITRO_CHECK(cond, parts...) is the shorthand.
 //  - a broken internal invariant (a bug in Nitro): NITRO_EXPECTS / NITRO_ENSURES, which are GSL's
 //    Expects / Ensures (terminate) unless NITRO_THROW_ON_CONTRACT_VIOLATION is defined, in which
-//    case they throw nitro::ContractViolation, so tests can check them with CHECK_THROWS.
+//    case they throw nitro::ContractViolation, so tests can check them with CHECK_THROWS (with the
+//    compiled library too: its checks throw once any translation unit of the program defines it).
 #include <nitro/core/config.hpp>
 
 #include <gsl/assert>
@@ -83,6 +84,18 @@ template <class... Parts>
 }
 
 #if NITRO_COMPILED
+/// With NITRO_COMPILED the library's own contract checks follow the program's choice: every
+/// translation unit built with NITRO_THROW_ON_CONTRACT_VIOLATION tells the library so when the
+/// program starts (the library is compiled once, without the program's defines).
+void throw_on_contract_violation() noexcept;
+/// The library's contract check: ContractViolation once a translation unit asked for it, else
+/// std::terminate (as GSL's Expects).
+[[noreturn, gnu::cold, gnu::noinline]] void library_contract_violation(const char* kind, const char* cond,
+                                                                      const char* file, int line);
+#if defined(NITRO_THROW_ON_CONTRACT_VIOLATION) && !defined(NITRO_COMPILED_SOURCE)
+[[gnu::used]] inline const bool contract_violation_throws = (throw_on_contract_violation(), true);
+#endif
+
 /// With NITRO_COMPILED: throws nitro::Error when the headers the program was built with and the
 /// compiled library it links are of different versions (a library left from another Nitro). Called
 /// where a program begins to use Nitro: a TrainingLoop, a Prefetcher, a Cache, a monitor, a snapshot.
@@ -103,7 +116,14 @@ inline void check_library_version() noexcept {}
     }                                         \
   } while (false)
 
-#if defined(NITRO_THROW_ON_CONTRACT_VIOLATION)
+#if NITRO_COMPILED && defined(NITRO_COMPILED_SOURCE)
+#define NITRO_EXPECTS(cond)                    \
+  ((cond) ? static_cast<void>(0)               \
+          : ::nitro::detail::library_contract_violation("precondition", #cond, __FILE__, __LINE__))
+#define NITRO_ENSURES(cond)                    \
+  ((cond) ? static_cast<void>(0)               \
+          : ::nitro::detail::library_contract_violation("postcondition", #cond, __FILE__, __LINE__))
+#elif defined(NITRO_THROW_ON_CONTRACT_VIOLATION)
 #define NITRO_EXPECTS(cond) \
   ((cond) ? static_cast<void>(0) : ::nitro::detail::contract_violation("precondition", #cond, __FILE__, __LINE__))
 #define NITRO_ENSURES(cond) \

@@ -234,6 +234,9 @@ NITRO_INLINE PackedFile::PackedFile(const std::filesystem::path& path, Options o
   const auto* boxes_at = t.data() + p::padded(count * p::kEntryBytes);
   boxes_.resize(static_cast<std::size_t>(rows * 5));
   if (rows > 0) std::memcpy(boxes_.data(), boxes_at, static_cast<std::size_t>(rows * p::kBoxBytes));
+  for (std::size_t k = 0; k < boxes_.size(); ++k)
+    NITRO_CHECK(std::isfinite(boxes_[k]), "data::PackedFile: '", path_, "': box row ", k / 5,
+                " holds a value that is not finite (", boxes_[k], "), which the writer refuses (a damaged or crafted file)");
   names_.assign(reinterpret_cast<const char*>(boxes_at + p::padded(rows * p::kBoxBytes)),
                 static_cast<std::size_t>(name_bytes));
   // Every entry where the writer puts it: records back to back from the header to the index, box

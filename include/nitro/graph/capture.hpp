@@ -553,8 +553,9 @@ NITRO_DETAIL_LOOP_MEMBERS(extern template, nitro::level::Max);
 #endif
 
 
+// Held by the library only where LibTorch has CUDA.
 template <>
-inline constexpr bool nitro::detail::is_predefined_level<nitro::level::Max> = true;
+inline constexpr bool nitro::detail::is_predefined_level<nitro::level::Max> = NITRO_WITH_CUDA != 0;
 
 #if !NITRO_COMPILED
 #include <nitro/graph/capture-inl.hpp>

@@ -55,6 +55,7 @@ NITRO_INLINE Xxh64::Xxh64(std::uint64_t seed) noexcept : seed_(seed), v_{seed + 
 NITRO_INLINE void Xxh64::update(std::span<const std::byte> bytes) noexcept {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   std::size_t n = bytes.size();
+  if (n == 0) return;  // an empty span may hold a null pointer: nothing to copy from
   total_ += n;
   if (buffered_ > 0) {  // complete the stripe begun by an earlier piece
     const std::size_t take = std::min<std::size_t>(32 - buffered_, n);

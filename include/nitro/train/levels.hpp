@@ -78,9 +78,7 @@ NITRO_DETAIL_LOOP_MEMBERS(extern template, nitro::level::Ultra);
 #endif
 
 
-template <>
-inline constexpr bool nitro::detail::is_predefined_level<nitro::level::Basic> = true;
-template <>
-inline constexpr bool nitro::detail::is_predefined_level<nitro::level::Advanced> = true;
-template <>
-inline constexpr bool nitro::detail::is_predefined_level<nitro::level::Ultra> = true;
+// Their mark for NITRO_EXPLICIT_INSTANTIATE_ONLY (detail::is_predefined_level) is in training_loop.hpp.
+static_assert(nitro::detail::is_predefined_level<nitro::level::Basic> &&
+              nitro::detail::is_predefined_level<nitro::level::Advanced> &&
+              nitro::detail::is_predefined_level<nitro::level::Ultra>);

@@ -786,6 +786,21 @@ class TrainingLoop {
   }
 };
 
+namespace stability {
+class Guard;
+}  // namespace stability
+// level::Basic, Advanced and Ultra (train/levels.hpp, which declares their members extern) are marked
+// here, before any member can be instantiated, in every program that can name their types: so
+// NITRO_EXPLICIT_INSTANTIATE_ONLY refuses them whether or not train/levels.hpp is included.
+// level::Max's mark is in graph/capture.hpp, the header that defines its capture policy.
+template <>
+inline constexpr bool detail::is_predefined_level<TrainingLoop<amp::Off, accumulate::Off, checkpoint::Off>> = true;
+template <>
+inline constexpr bool detail::is_predefined_level<TrainingLoop<amp::Bf16, accumulate::Off, checkpoint::Off>> = true;
+template <>
+inline constexpr bool detail::is_predefined_level<
+    TrainingLoop<amp::Bf16, accumulate::Dynamic, checkpoint::Sqrt, clip::Norm, stability::Guard>> = true;
+
 // ---- the members defined out of the class: with NITRO_COMPILED, the predefined levels' are compiled once
 // in Nitro's library (the extern template declarations below), not in every program that names them.
 
