@@ -97,9 +97,10 @@ TEST_CASE("RecordFile: an empty field reads back, a refused file leaves no mappi
   write_bytes(path, b, b.size());
   for (int i = 0; i < 3; ++i) CHECK_THROWS_AS(RecordFile::open(path), nitro::Error);
   CHECK(nitro::test::mappings_of(path) == 0);
-  // No bytes, but an element count past 2^48 (strides that overflow LibTorch's offsets).
+  // No bytes, but non-zero dimensions whose product is past 2^48 bytes (strides that overflow LibTorch's
+  // offsets).
   CHECK_THROWS_WITH_AS(RecordWriter(dir / "huge.nrec", {{"x", at::kByte, {0, int64_t{1} << 62, 0}}}),
-                       doctest::Contains("'x'"), nitro::Error);
+                       doctest::Contains("multiply to more than 2^48 bytes"), nitro::Error);
 }
 
 TEST_CASE("RecordDataset through make_data_loader with 2 workers reads every record") {

@@ -17,9 +17,7 @@
 // it writes that corpus.
 #include <nitro/data/packed.hpp>
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
+#include "input_file.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -36,10 +34,9 @@ using nitro::data::PackedFile;
 using nitro::data::PackedKind;
 using nitro::data::PackedVerify;
 
-[[noreturn]] void finding(const char* what) {
-  std::fprintf(stderr, "packed_reader: %s\n", what);
-  std::abort();
-}
+[[noreturn]] void finding(const char* what) { nitro_fuzz::finding("packed_reader", what); }
+using nitro_fuzz::mappings_of_input;
+using nitro_fuzz::write_input;
 
 std::uint64_t u64(const std::vector<unsigned char>& b, std::uint64_t at) { return pak::get<std::uint64_t>(b.data() + at); }
 void put64(std::vector<unsigned char>& b, std::uint64_t at, std::uint64_t v) { pak::put<std::uint64_t>(b.data() + at, v); }
@@ -79,41 +76,11 @@ void fix_checksums(std::vector<unsigned char>& b) {
   put64(b, pak::kHeaderBytes - 8, hash_of(b, 0, pak::kHeaderBytes - 8));
 }
 
-int memory_file() {
-  static const int fd = ::memfd_create("nitro-fuzz-input", 0);
-  return fd;
-}
-
-bool write_input(const std::vector<unsigned char>& b) {
-  const int fd = memory_file();
-  if (fd < 0 || ::ftruncate(fd, 0) != 0) return false;
-  for (std::size_t done = 0; done < b.size();) {
-    const ::ssize_t w = ::pwrite(fd, b.data() + done, b.size() - done, static_cast<::off_t>(done));
-    if (w <= 0) return false;
-    done += static_cast<std::size_t>(w);
-  }
-  return true;
-}
-
-// How many mappings of the input file this process has (/proc/self/maps lines naming the memory
-// file): none once the reader is gone, whether it opened the file or refused it.
-int mappings_of_input() {
-  const int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  std::string maps;
-  char buffer[65536];
-  for (::ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0;) maps.append(buffer, static_cast<std::size_t>(n));
-  ::close(fd);
-  int count = 0;
-  for (std::size_t at = 0; (at = maps.find("/memfd:nitro-fuzz-input", at)) != std::string::npos; ++at) ++count;
-  return count;
-}
-
 // Opens the file as the reader and reads everything it offers, checking it against the bytes `b`.
 void read_all(const std::vector<unsigned char>& b, PackedVerify verify) {
   std::shared_ptr<PackedFile> file;
   try {
-    file = PackedFile::open("/proc/self/fd/" + std::to_string(memory_file()), {.verify = verify});
+    file = PackedFile::open(nitro_fuzz::memory_file_path(), {.verify = verify});
   } catch (const nitro::Error&) {
     return;  // a refused file: what damaged input must give
   }

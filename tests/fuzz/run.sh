@@ -10,7 +10,7 @@
 #   packed_reader    data/packed.hpp's PackedFile            tests/fuzz/corpus/packed_reader/
 #   record_reader    data/record_file.hpp's RecordFile       tests/fuzz/corpus/record_reader/
 #   yolo_labels      data/image_folder.hpp's YOLO labels     tests/fuzz/corpus/yolo_labels/
-# A target is rebuilt when its source, run.sh or a header under include/ is newer than it; the builds
+# A target is rebuilt when its source, run.sh, input_file.hpp or a header under include/ is newer than it; the builds
 # run FUZZ_JOBS at a time (default: the number of CPUs). Each target's log, corpus copy and findings
 # (crash-*, leak-*, timeout-*, oom-*: the input that did it) go to build-fuzz/<target>/. Prints one
 # line per target (runs, coverage, exit status) and exits non-zero if any target found something or
@@ -66,6 +66,7 @@ build() {  # leaves build-fuzz/<target>/build.failed where it fails
   mkdir -p "$out/$t"
   rm -f "$out/$t/build.failed"
   if [ -x "$bin" ] && [ ! tests/fuzz/"$t".cpp -nt "$bin" ] && [ ! tests/fuzz/run.sh -nt "$bin" ] &&
+     [ ! tests/fuzz/input_file.hpp -nt "$bin" ] &&
      [ -z "$(find include -newer "$bin" -name '*.hpp' | head -1)" ]; then
     return 0
   fi

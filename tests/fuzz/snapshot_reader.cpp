@@ -17,30 +17,17 @@
 #include <torch/optim/sgd.h>
 #include <torch/optim/adam.h>
 
-#include <sys/mman.h>
-#include <unistd.h>
+#include "input_file.hpp"
 
 #include <cstdint>
 #include <cstdio>
 #include <string>
-
-namespace {
-int memory_file() {
-  static const int fd = ::memfd_create("snapshot", 0);
-  return fd;
-}
-}  // namespace
+#include <vector>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const int fd = memory_file();
-  if (fd < 0 || ::ftruncate(fd, 0) != 0) return 0;
-  for (std::size_t done = 0; done < size;) {
-    const ::ssize_t w = ::pwrite(fd, data + done, size - done, static_cast<::off_t>(done));
-    if (w <= 0) return 0;
-    done += static_cast<std::size_t>(w);
-  }
+  if (!nitro_fuzz::write_input(std::vector<unsigned char>(data, data + size))) return 0;
   try {
-    const nitro::snapshot::Reader reader("/proc/self/fd/" + std::to_string(fd));
+    const nitro::snapshot::Reader reader(nitro_fuzz::memory_file_path());
     for (const auto& part : reader.manifest().parts) (void)reader.read(part.name);
   } catch (const nitro::Error&) {
     // a refused file: what damaged input must give

@@ -56,7 +56,8 @@ NITRO_INLINE void check_fields(const std::vector<RecordField>& fields) {
                 " is not storable; use a plain integer, bool or floating dtype");
     const auto bytes = field_bytes(f.shape, f.dtype);
     NITRO_CHECK(bytes && *bytes <= kMaxRecordBytes, "data::RecordWriter: field '", f.name, "' of shape ",
-                c10::IntArrayRef(f.shape), " has a negative dimension, or more than 4 GiB or 2^48 elements");
+                c10::IntArrayRef(f.shape), " has a negative dimension, or more than 4 GiB, or dimensions other ",
+                "than 0 that multiply to more than 2^48 bytes");
   }
 }
 
