@@ -5,7 +5,9 @@
 #   make demo            dependencies, build, run the levels demo (examples/levels.cpp, release build)
 #   make test PRESET=asan     the same with another preset: release, asan, tsan (build-<preset>/)
 #   make plot            draw the metrics files of the last `make demo` into a PNG
-#   make bench           release build of bench/ only, run every benchmark
+#   make bench           release build of bench/ only, run every benchmark; each one's RESULT lines, with
+#                        the date, machine, compiler and commit, go to bench/results/<program>.json
+#                        (bench/record.py)
 #   make sanitize        the unit tests under asan (address + undefined behaviour) and the concurrency
 #                        tests (prefetcher and sampler, cache, snapshots) under tsan; builds only the
 #                        test programs they run (build-asan/, build-tsan/). CI runs it after `make test`
@@ -55,7 +57,8 @@ plot:
 bench:
 	$(MAKE) configure PRESET=release
 	cmake --build --preset release -j $(JOBS) --target nitro_benchmarks
-	@for b in build-release/bench/bench_*; do [ -x "$$b" ] && "$$b"; done; true
+	@py=$$(sed -n 's/^set(NITRO_PYTHON "\(.*\)" CACHE.*/\1/p' $(DEPS) 2>/dev/null); \
+	  for b in build-release/bench/bench_*; do [ -x "$$b" ] && "$${py:-python3}" bench/record.py -- "$$b"; done; true
 
 ASAN_AREAS := core hw data train memory monitor io snapshot optim graph cache image
 TSAN_AREAS := data cache io snapshot
