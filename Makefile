@@ -13,13 +13,14 @@
 #                        test programs they run (build-asan/, build-tsan/). CI runs it after `make test`
 #   make fuzz            libFuzzer targets of every reader of untrusted files (snapshots, JPEG/PNG, packed
 #                        image files, record files, YOLO labels), FUZZ_SECONDS (60) shared among them
+#   make docs            docs/benchmarks.md from the recorded runs in bench/results/ (bench/results_table.py)
 #   make clean
 PRESET ?= dev
 JOBS ?= $(shell nproc)
 BUILD := $(if $(filter dev,$(PRESET)),build,build-$(PRESET))
 DEPS := build/deps.cmake
 
-.PHONY: test demo plot bench build configure deps clean sanitize fuzz
+.PHONY: test demo plot bench build configure deps clean sanitize fuzz docs
 .DEFAULT_GOAL := test
 
 deps:
@@ -70,6 +71,10 @@ sanitize:
 	$(MAKE) configure PRESET=tsan
 	cmake --build --preset tsan -j $(JOBS) --target $(addprefix test_,$(TSAN_AREAS))
 	ctest --preset tsan -j $(JOBS) -L '^($(subst $(space),|,$(TSAN_AREAS)))$$'
+
+docs:
+	@py=$$(sed -n 's/^set(NITRO_PYTHON "\(.*\)" CACHE.*/\1/p' $(DEPS) 2>/dev/null); \
+	  "$${py:-python3}" bench/results_table.py
 
 FUZZ_SECONDS ?= 60
 fuzz: deps

@@ -43,6 +43,26 @@ with tempfile.TemporaryDirectory() as out:
         check(len(data["date"]) >= 20 and data["date"].endswith("+00:00"), "date in UTC")
         check(data["commit"] is None or len(data["commit"].split("-")[0]) == 40, "commit")
 
+    # The page generated from the results: the program's section, its RESULT lines as rows; --check
+    # agrees with what was written and not with a page edited by hand.
+    table = os.path.join(root, "bench", "results_table.py")
+    page = os.path.join(out, "benchmarks.md")
+    run = subprocess.run([sys.executable, table, "--results", out, "--out", page], capture_output=True, text=True)
+    check(run.returncode == 0 and os.path.isfile(page), f"results_table.py writes the page ({run.stderr})")
+    if os.path.isfile(page):
+        text = open(page).read()
+        check("## bench_fake" in text, "a section per program")
+        check("| `fake_ratio` | 1.25 | <= 1.5 | PASS |" in text, f"a row per RESULT line (got {text})")
+        check("| `fake_speedup` | 0.75 | >= 1 | MISS |" in text, "a miss shown as a miss")
+        check("exited with status 3" in text, "a failed run said so")
+        run = subprocess.run([sys.executable, table, "--results", out, "--out", page, "--check"])
+        check(run.returncode == 0, "--check: the page agrees with the results")
+        with open(page, "a") as f:
+            f.write("edited by hand\n")
+        run = subprocess.run([sys.executable, table, "--results", out, "--out", page, "--check"],
+                             capture_output=True, text=True)
+        check(run.returncode == 1 and "make docs" in run.stderr, "--check: an edited page is refused")
+
     # No RESULT line: nothing written, the status passed on.
     run = subprocess.run([sys.executable, record, "--out", out, "--name", "bench_quiet", "--", "true"],
                          capture_output=True, text=True)
