@@ -41,8 +41,10 @@
 // tensors and the optimizer's new tensors become its state. So a load needs memory for one copy of
 // what it loads besides the live objects.
 //
-// Not saved: a learning-rate scheduler (LibTorch's keep their step count in the optimizer's options,
-// which are saved; a scheduler object of your own goes into `.extras`), the monitor's timings, and
+// Not saved: a learning-rate scheduler object (the rate itself is in the optimizer's options, which
+// are saved, but LibTorch's schedulers count their steps in the scheduler: set the rate from the
+// loop's optimizer_steps(), which is saved, as examples/regression.cpp does, or put the scheduler's
+// own state into `.extras`), the monitor's timings, and
 // random augmentation drawn from the global generator on prefetching workers (it runs ahead of the
 // consumer, so it cannot be replayed exactly: draw it from (seed, epoch, index) instead).
 //
