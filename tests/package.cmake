@@ -11,58 +11,40 @@ set(consumer_options "-DCMAKE_BUILD_TYPE=" -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMP
 add_test(NAME package.install COMMAND ${CMAKE_COMMAND} --install ${CMAKE_BINARY_DIR} --prefix ${pkg}/prefix)
 set_tests_properties(package.install PROPERTIES FIXTURES_SETUP nitro_installed LABELS package)
 
-add_test(NAME package.find_package
-         COMMAND ${CMAKE_CTEST_COMMAND} --build-and-test ${CMAKE_CURRENT_SOURCE_DIR}/package ${pkg}/find_package
-                 --build-generator ${CMAKE_GENERATOR} --build-noclean
-                 --build-options ${consumer_options} -DNITRO_CONSUME=find_package
-                                 "-DCMAKE_PREFIX_PATH=${pkg}/prefix;${CMAKE_PREFIX_PATH}"
-                 --test-command nitro_consumer)
-set_tests_properties(package.find_package PROPERTIES FIXTURES_REQUIRED nitro_installed LABELS package
-                     PASS_REGULAR_EXPRESSION "nitro consumer ok")
+# One consumer build: package.<name>, configured with the given options and CMAKE_PREFIX_PATH=PREFIX
+# (a list: read with PARSE_ARGV, which keeps it one argument), built, run, and its output matched
+# against `expect`; INSTALLED when it needs the fresh install.
+function(nitro_consumer_test name expect)
+  cmake_parse_arguments(PARSE_ARGV 2 arg "INSTALLED" "PREFIX" "")
+  add_test(NAME package.${name}
+           COMMAND ${CMAKE_CTEST_COMMAND} --build-and-test ${CMAKE_CURRENT_SOURCE_DIR}/package ${pkg}/${name}
+                   --build-generator ${CMAKE_GENERATOR} --build-noclean
+                   --build-options ${consumer_options} ${arg_UNPARSED_ARGUMENTS} "-DCMAKE_PREFIX_PATH=${arg_PREFIX}"
+                   --test-command nitro_consumer)
+  set_tests_properties(package.${name} PROPERTIES LABELS package PASS_REGULAR_EXPRESSION "${expect}")
+  if(arg_INSTALLED)
+    set_tests_properties(package.${name} PROPERTIES FIXTURES_REQUIRED nitro_installed)
+  endif()
+endfunction()
 
-add_test(NAME package.add_subdirectory
-         COMMAND ${CMAKE_CTEST_COMMAND} --build-and-test ${CMAKE_CURRENT_SOURCE_DIR}/package ${pkg}/add_subdirectory
-                 --build-generator ${CMAKE_GENERATOR} --build-noclean
-                 --build-options ${consumer_options} -DNITRO_CONSUME=add_subdirectory
-                                 -DNITRO_SOURCE_DIR=${PROJECT_SOURCE_DIR} "-DCMAKE_PREFIX_PATH=${CMAKE_PREFIX_PATH}"
-                 --test-command nitro_consumer)
-set_tests_properties(package.add_subdirectory PROPERTIES LABELS package PASS_REGULAR_EXPRESSION "nitro consumer ok")
-
-# The headers copied into a project (no Nitro CMake); and the same with the compiled library: found
-# installed, built by add_subdirectory, and compiled from its sources by the consumer's own project
-# (as a project that copies include/ and src/ does).
-add_test(NAME package.find_package_compiled
-         COMMAND ${CMAKE_CTEST_COMMAND} --build-and-test ${CMAKE_CURRENT_SOURCE_DIR}/package ${pkg}/find_package_compiled
-                 --build-generator ${CMAKE_GENERATOR} --build-noclean
-                 --build-options ${consumer_options} -DNITRO_CONSUME=find_package -DNITRO_CONSUME_COMPILED=ON
-                                 "-DCMAKE_PREFIX_PATH=${pkg}/prefix;${CMAKE_PREFIX_PATH}"
-                 --test-command nitro_consumer)
-set_tests_properties(package.find_package_compiled PROPERTIES FIXTURES_REQUIRED nitro_installed LABELS package
-                     PASS_REGULAR_EXPRESSION "nitro consumer ok: .*compiled library")
-add_test(NAME package.add_subdirectory_compiled
-         COMMAND ${CMAKE_CTEST_COMMAND} --build-and-test ${CMAKE_CURRENT_SOURCE_DIR}/package ${pkg}/add_subdirectory_compiled
-                 --build-generator ${CMAKE_GENERATOR} --build-noclean
-                 --build-options ${consumer_options} -DNITRO_CONSUME=add_subdirectory -DNITRO_CONSUME_COMPILED=ON
-                                 -DNITRO_SOURCE_DIR=${PROJECT_SOURCE_DIR} "-DCMAKE_PREFIX_PATH=${CMAKE_PREFIX_PATH}"
-                 --test-command nitro_consumer)
-set_tests_properties(package.add_subdirectory_compiled PROPERTIES LABELS package
-                     PASS_REGULAR_EXPRESSION "nitro consumer ok: .*compiled library")
-add_test(NAME package.copied
-         COMMAND ${CMAKE_CTEST_COMMAND} --build-and-test ${CMAKE_CURRENT_SOURCE_DIR}/package ${pkg}/copied
-                 --build-generator ${CMAKE_GENERATOR} --build-noclean
-                 --build-options ${consumer_options} -DNITRO_CONSUME=copy -DNITRO_COPY_DIR=${PROJECT_SOURCE_DIR}
-                                 "-DCMAKE_PREFIX_PATH=${CMAKE_PREFIX_PATH}"
-                 --test-command nitro_consumer)
-set_tests_properties(package.copied PROPERTIES LABELS package PASS_REGULAR_EXPRESSION "nitro consumer ok: .*header-only")
-add_test(NAME package.copied_compiled
-         COMMAND ${CMAKE_CTEST_COMMAND} --build-and-test ${CMAKE_CURRENT_SOURCE_DIR}/package ${pkg}/copied_compiled
-                 --build-generator ${CMAKE_GENERATOR} --build-noclean
-                 --build-options ${consumer_options} -DNITRO_CONSUME=copy -DNITRO_CONSUME_COMPILED=ON
-                                 -DNITRO_COPY_DIR=${PROJECT_SOURCE_DIR}
-                                 "-DCMAKE_PREFIX_PATH=${CMAKE_PREFIX_PATH}"
-                 --test-command nitro_consumer)
-set_tests_properties(package.copied_compiled PROPERTIES LABELS package
-                     PASS_REGULAR_EXPRESSION "nitro consumer ok: .*compiled library")
+# Header-only and with the compiled library: found installed, built by add_subdirectory, and the
+# headers (and the library's sources) copied into the project, with no Nitro CMake.
+nitro_consumer_test(find_package "nitro consumer ok" INSTALLED
+                    -DNITRO_CONSUME=find_package PREFIX "${pkg}/prefix;${CMAKE_PREFIX_PATH}")
+nitro_consumer_test(add_subdirectory "nitro consumer ok"
+                    -DNITRO_CONSUME=add_subdirectory -DNITRO_SOURCE_DIR=${PROJECT_SOURCE_DIR}
+                    PREFIX "${CMAKE_PREFIX_PATH}")
+nitro_consumer_test(find_package_compiled "nitro consumer ok: .*compiled library" INSTALLED
+                    -DNITRO_CONSUME=find_package -DNITRO_CONSUME_COMPILED=ON
+                    PREFIX "${pkg}/prefix;${CMAKE_PREFIX_PATH}")
+nitro_consumer_test(add_subdirectory_compiled "nitro consumer ok: .*compiled library"
+                    -DNITRO_CONSUME=add_subdirectory -DNITRO_CONSUME_COMPILED=ON
+                    -DNITRO_SOURCE_DIR=${PROJECT_SOURCE_DIR} PREFIX "${CMAKE_PREFIX_PATH}")
+nitro_consumer_test(copied "nitro consumer ok: .*header-only"
+                    -DNITRO_CONSUME=copy -DNITRO_COPY_DIR=${PROJECT_SOURCE_DIR} PREFIX "${CMAKE_PREFIX_PATH}")
+nitro_consumer_test(copied_compiled "nitro consumer ok: .*compiled library"
+                    -DNITRO_CONSUME=copy -DNITRO_CONSUME_COMPILED=ON -DNITRO_COPY_DIR=${PROJECT_SOURCE_DIR}
+                    PREFIX "${CMAKE_PREFIX_PATH}")
 
 if(NITRO_CONAN)
   add_test(NAME package.conan_create

@@ -6,8 +6,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +55,36 @@ inline int mappings_of_input() {
   int count = 0;
   for (std::size_t at = 0; (at = maps.find("/memfd:nitro-fuzz-input", at)) != std::string::npos; ++at) ++count;
   return count;
+}
+
+// One input of a file reader's target (records, packed images): byte 4000 of the header, which the
+// readers only hash, chooses lazy, eager or no verification (mod 3), and bit 0 of byte 4001 whether
+// `fix(bytes)` first puts the checksums where the reader looks (so the damage reaches the structure
+// checks); the bytes are then written to the memory file and `read(bytes, verify)` reads them. A
+// refused file must not stay mapped either (the mapping belongs to the reader object).
+template <class Verify, class Fix, class Read>
+int read_input(const std::uint8_t* data, std::size_t size, std::size_t header_bytes, const char* target, Fix fix,
+               Read read) {
+  std::vector<unsigned char> b(data, data + size);
+  Verify verify = Verify::lazy;
+  if (b.size() >= header_bytes) {
+    verify = b[4000] % 3 == 0 ? Verify::lazy : b[4000] % 3 == 1 ? Verify::eager : Verify::none;
+    if ((b[4001] & 1) == 0) fix(b);
+  }
+  if (!write_input(b)) return 0;
+  read(b, verify);
+  if (mappings_of_input() != 0) finding(target, "the file is still mapped after the reader is gone");
+  return 0;
+}
+
+// The folder of `--make-corpus DIR`, created; nothing (after a usage line) for other arguments.
+inline std::optional<std::filesystem::path> corpus_dir(int argc, char** argv) {
+  if (argc != 3 || std::string(argv[1]) != "--make-corpus") {
+    std::fprintf(stderr, "usage: %s --make-corpus DIR\n", argv[0]);
+    return std::nullopt;
+  }
+  std::filesystem::create_directories(argv[2]);
+  return std::filesystem::path(argv[2]);
 }
 
 }  // namespace nitro_fuzz

@@ -35,8 +35,6 @@ using nitro::data::PackedKind;
 using nitro::data::PackedVerify;
 
 [[noreturn]] void finding(const char* what) { nitro_fuzz::finding("packed_reader", what); }
-using nitro_fuzz::mappings_of_input;
-using nitro_fuzz::write_input;
 
 std::uint64_t u64(const std::vector<unsigned char>& b, std::uint64_t at) { return pak::get<std::uint64_t>(b.data() + at); }
 void put64(std::vector<unsigned char>& b, std::uint64_t at, std::uint64_t v) { pak::put<std::uint64_t>(b.data() + at, v); }
@@ -138,17 +136,7 @@ void read_all(const std::vector<unsigned char>& b, PackedVerify verify) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  std::vector<unsigned char> b(data, data + size);
-  PackedVerify verify = PackedVerify::lazy;
-  if (b.size() >= pak::kHeaderBytes) {
-    verify = b[4000] % 3 == 0 ? PackedVerify::lazy : b[4000] % 3 == 1 ? PackedVerify::eager : PackedVerify::none;
-    if ((b[4001] & 1) == 0) fix_checksums(b);
-  }
-  if (!write_input(b)) return 0;
-  read_all(b, verify);
-  // A refused file is not left mapped either (the reader's mapping belongs to the reader object).
-  if (mappings_of_input() != 0) finding("the file is still mapped after the reader is gone");
-  return 0;
+  return nitro_fuzz::read_input<PackedVerify>(data, size, pak::kHeaderBytes, "packed_reader", fix_checksums, read_all);
 }
 
 #ifdef NITRO_FUZZ_MAKE_CORPUS
@@ -159,12 +147,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 #include <filesystem>
 
 int main(int argc, char** argv) {
-  if (argc != 3 || std::string(argv[1]) != "--make-corpus") {
-    std::fprintf(stderr, "usage: %s --make-corpus DIR\n", argv[0]);
-    return 2;
-  }
-  const std::filesystem::path dir = argv[2];
-  std::filesystem::create_directories(dir);
+  const auto corpus = nitro_fuzz::corpus_dir(argc, argv);
+  if (!corpus) return 2;
+  const std::filesystem::path dir = *corpus;
   using nitro::data::PackedWriter;
   // Small real images: JPEG bytes of 8 x 8 and 5 x 3 pictures (their content does not matter here).
   const auto picture = [](std::int64_t h, std::int64_t w, std::int64_t k) {

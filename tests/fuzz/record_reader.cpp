@@ -35,8 +35,6 @@ using nitro::data::RecordFile;
 using nitro::data::RecordVerify;
 
 [[noreturn]] void finding(const char* what) { nitro_fuzz::finding("record_reader", what); }
-using nitro_fuzz::mappings_of_input;
-using nitro_fuzz::write_input;
 
 std::uint64_t u64(const std::vector<unsigned char>& b, std::uint64_t at) { return rec::get<std::uint64_t>(b.data() + at); }
 void put64(std::vector<unsigned char>& b, std::uint64_t at, std::uint64_t v) { rec::put<std::uint64_t>(b, at, v); }
@@ -129,17 +127,7 @@ void read_all(const std::vector<unsigned char>& b, RecordVerify verify) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  std::vector<unsigned char> b(data, data + size);
-  RecordVerify verify = RecordVerify::lazy;
-  if (b.size() >= rec::kHeaderBytes) {
-    verify = b[4000] % 3 == 0 ? RecordVerify::lazy : b[4000] % 3 == 1 ? RecordVerify::eager : RecordVerify::none;
-    if ((b[4001] & 1) == 0) fix_checksums(b);
-  }
-  if (!write_input(b)) return 0;
-  read_all(b, verify);
-  // A refused file is not left mapped either (the reader's mapping belongs to the reader object).
-  if (mappings_of_input() != 0) finding("the file is still mapped after the reader is gone");
-  return 0;
+  return nitro_fuzz::read_input<RecordVerify>(data, size, rec::kHeaderBytes, "record_reader", fix_checksums, read_all);
 }
 
 #ifdef NITRO_FUZZ_MAKE_CORPUS
@@ -148,12 +136,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 #include <filesystem>
 
 int main(int argc, char** argv) {
-  if (argc != 3 || std::string(argv[1]) != "--make-corpus") {
-    std::fprintf(stderr, "usage: %s --make-corpus DIR\n", argv[0]);
-    return 2;
-  }
-  const std::filesystem::path dir = argv[2];
-  std::filesystem::create_directories(dir);
+  const auto corpus = nitro_fuzz::corpus_dir(argc, argv);
+  if (!corpus) return 2;
+  const std::filesystem::path dir = *corpus;
   using nitro::data::RecordWriter;
   const auto counting = [](std::int64_t n, at::ScalarType t, std::vector<std::int64_t> shape, std::int64_t k) {
     return (at::arange(n, at::kLong) * (3 + k) % 97).to(t).reshape(shape);

@@ -37,11 +37,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
 #ifdef NITRO_FUZZ_MAKE_CORPUS
 int main(int argc, char** argv) {
-  if (argc != 3 || std::string(argv[1]) != "--make-corpus") {
-    std::fprintf(stderr, "usage: %s --make-corpus DIR\n", argv[0]);
-    return 2;
-  }
-  const std::filesystem::path dir = argv[2];
+  const auto corpus = nitro_fuzz::corpus_dir(argc, argv);
+  if (!corpus) return 2;
+  const std::filesystem::path dir = *corpus;
   torch::manual_seed(0);
   torch::nn::Linear tiny(3, 2);
   torch::optim::SGD sgd(tiny->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
