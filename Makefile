@@ -2,7 +2,8 @@
 # (cmake/deps.sh: finds LibTorch, or installs it once per machine into a cached environment).
 #
 #   make test            dependencies, configure (preset dev), build into build/, run every test
-#   make demo            dependencies, build, run the levels demo (examples/levels.cpp, release build)
+#   make demo            dependencies, build, run the levels demo (examples/levels.cpp, release build);
+#                        DEMO_ARGS=--train-all trains every level, even one its trial found far slower
 #   make test PRESET=asan     the same with another preset: release, asan, tsan (build-<preset>/)
 #   make plot            draw the metrics files of the last `make demo` into a PNG
 #   make bench           release build of bench/ only, run every benchmark; each one's RESULT lines, with
@@ -13,14 +14,19 @@
 #                        test programs they run (build-asan/, build-tsan/). CI runs it after `make test`
 #   make fuzz            libFuzzer targets of every reader of untrusted files (snapshots, JPEG/PNG, packed
 #                        image files, record files, YOLO labels), FUZZ_SECONDS (60) shared among them
-#   make docs            docs/benchmarks.md from the recorded runs in bench/results/ (bench/results_table.py)
+#   make docs            docs/benchmarks.md and the README's headline table (between its headline markers)
+#                        from the recorded runs in bench/results/ (bench/results_table.py), docs/status.md
+#                        (bench/status.py), and the API reference from the headers' /// comments (Doxygen,
+#                        build/docs/api/html/index.html; a warning, e.g. an undocumented name, fails it)
+#   make examples        release build of every example (build-release/examples/); EXAMPLES_RUN=1 also runs
+#                        each twice, small (examples/run_all.sh)
 #   make clean
 PRESET ?= dev
 JOBS ?= $(shell nproc)
 BUILD := $(if $(filter dev,$(PRESET)),build,build-$(PRESET))
 DEPS := build/deps.cmake
 
-.PHONY: test demo plot bench build configure deps clean sanitize fuzz docs
+.PHONY: test demo plot bench build configure deps clean sanitize fuzz docs examples
 .DEFAULT_GOAL := test
 
 deps:
@@ -38,11 +44,15 @@ test: build
 	ctest --preset $(PRESET) -j $(JOBS)
 
 # The demo measures speed, so it is built optimised whatever PRESET says. It writes each level's
-# metrics to build-release/demo-metrics/ and draws them (make plot) when matplotlib is there.
+# metrics to build-release/demo-metrics/ and draws them (make plot) when matplotlib is there. A level
+# that level::Auto's trial measures more than 3x slower than level::Basic here (bf16 on a CPU without
+# bf16 arithmetic) is shown from its trial, not trained: DEMO_ARGS=--train-all trains every level,
+# DEMO_ARGS="--trial-only-slower-than X" sets the factor (examples/levels.cpp).
+DEMO_ARGS ?=
 demo:
 	$(MAKE) configure PRESET=release
 	cmake --build --preset release -j $(JOBS) --target levels
-	build-release/examples/levels --metrics build-release/demo-metrics
+	build-release/examples/levels --metrics build-release/demo-metrics $(DEMO_ARGS)
 	@$(MAKE) --no-print-directory plot || echo "make demo: no plot drawn (see above); the metrics files are written"
 	@py=$$(sed -n 's/^set(NITRO_PYTHON "\(.*\)" CACHE.*/\1/p' $(DEPS) 2>/dev/null); \
 	  tb=$$(dirname "$${py:-python3}")/tensorboard; [ -x "$$tb" ] || tb=tensorboard; \
@@ -72,9 +82,19 @@ sanitize:
 	cmake --build --preset tsan -j $(JOBS) --target $(addprefix test_,$(TSAN_AREAS))
 	ctest --preset tsan -j $(JOBS) -L '^($(subst $(space),|,$(TSAN_AREAS)))$$'
 
-docs:
+docs: deps
 	@py=$$(sed -n 's/^set(NITRO_PYTHON "\(.*\)" CACHE.*/\1/p' $(DEPS) 2>/dev/null); \
-	  "$${py:-python3}" bench/results_table.py
+	  "$${py:-python3}" bench/results_table.py && "$${py:-python3}" bench/status.py
+	@command -v doxygen >/dev/null || { echo "make docs: doxygen is missing (apt-get install doxygen)"; exit 1; }
+	@mkdir -p build/docs/api
+	doxygen docs/Doxyfile
+	@echo "make docs: the API reference is build/docs/api/html/index.html"
+
+EXAMPLES_RUN ?=
+examples:
+	$(MAKE) configure PRESET=release
+	cmake --build --preset release -j $(JOBS) --target nitro_examples
+	@if [ -n "$(EXAMPLES_RUN)" ]; then bash examples/run_all.sh build-release/examples; fi
 
 FUZZ_SECONDS ?= 60
 fuzz: deps

@@ -157,6 +157,18 @@ if ((${#missing[@]})); then
   fi
 fi
 
+# Doxygen, for `make docs` only (the API reference from the headers' /// comments): installed as root,
+# else one line saying how; nothing else needs it.
+if ! command -v doxygen >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing doxygen with apt-get (for make docs)"
+    apt-get install -y doxygen >&2 || { apt-get update >&2 && apt-get install -y doxygen >&2; } ||
+      say "apt-get could not install doxygen; make docs will not make the API reference"
+  else
+    say "doxygen is missing: make docs needs it (sudo apt-get install -y doxygen)"
+  fi
+fi
+
 # ---- gloo's headers, for nitro::dist (declarations only; see include/nitro/dist/process_group.hpp) -----
 # Debian's libgloo-dev, unpacked into the cache: nothing installed, nothing linked (libtorch_cpu carries
 # its own gloo). Without them nitro::dist has no Gloo groups, and the tests that need one are skipped.

@@ -7,6 +7,35 @@
 //
 // torchrun comes with the LibTorch environment cmake/deps.sh installs (`make demo` prints where).
 // Only rank 0 prints and writes snapshots (--dir); every rank resumes from rank 0's newest snapshot.
+// The example trains on the CPU over Gloo: every rank is a CPU process, also on a machine with GPUs
+// (a GPU program makes its group with ProcessGroup::Options{.nccl = true}, which selects
+// cuda:<LOCAL_RANK>, and moves its model there).
+//
+// How a rank learns where it stands: ProcessGroup::from_environment() reads RANK and WORLD_SIZE
+// (both or neither: neither is a group of one), LOCAL_RANK (RANK when unset; the GPU an NCCL group
+// takes), and, for WORLD_SIZE > 1, MASTER_ADDR and MASTER_PORT: the store every rank meets at. Under
+// torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the launcher serves that store; without it rank 0
+// serves it. Gloo binds the loopback address when MASTER_ADDR is local, else the address of the
+// host's name, or the interface GLOO_SOCKET_IFNAME names (set it when the host name resolves to
+// the wrong network). The launch lines, N processes per machine:
+//
+//   # one machine (with N GPUs or none):
+//   torchrun --standalone --nproc-per-node N --no-python build-release/examples/ddp --epochs 2
+//
+//   # two machines: the same line on each, R = 0 on one and 1 on the other, HOST:PORT a port free on
+//   # HOST, one of the two (the c10d rendezvous serves there; it may also assign the node ranks itself)
+//   torchrun --nnodes 2 --node-rank R --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id run1 --no-python build-release/examples/ddp --epochs 2
+//
+//   # without torchrun, plain variables (one line per process; here 2 on one machine):
+//   RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 build-release/examples/ddp &
+//   RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 build-release/examples/ddp
+//   # ... or the launcher that sets them and waits for every process, failing when one fails:
+//   examples/ddp_launch.sh N build-release/examples/ddp --epochs 2
+//   NNODES=2 NODE_RANK=R MASTER_ADDR=HOST MASTER_PORT=PORT examples/ddp_launch.sh N build-release/examples/ddp
+//
+//   # SLURM: one task per process (sbatch --nodes 2 --ntasks-per-node N), rank 0 on the first node
+//   export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1) MASTER_PORT=29500
+//   srun bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID exec build-release/examples/ddp'
 #include <nitro/dist/data_parallel.hpp>
 #include <nitro/dist/sampler.hpp>
 #include <nitro/nitro.hpp>

@@ -6,18 +6,33 @@
 // in <metrics>/tensorboard/<level>/; level::Basic's optimizer steps 20-22 are traced with LibTorch's
 // profiler into <metrics>/basic.trace.json (open it at https://ui.perfetto.dev).
 //
-//   build/examples/levels [--epochs 2] [--samples 8192] [--batch 64] [--metrics DIR]
+// level::Auto trains first: its trials measure each candidate level on this machine, and a level the
+// trial measured more than --trial-only-slower-than times slower than level::Basic (3: bf16 autocast
+// on a CPU without bf16 arithmetic), and a second trial against level::Basic again, is shown from its
+// trial, marked so in the table (its samples/s and peak memory as the second trial measured them, no
+// loss, accuracy or metrics files), not trained for the epochs. --train-all trains every level (and level::Auto last, after the fixed levels);
+// --trial-only-slower-than 0 shows every level that has a trial (Advanced, Ultra) from it, to see
+// that path on a machine where bf16 is fast. The end says how long the training took in all.
+//
+//   build/examples/levels [--epochs 2] [--samples 8192] [--batch 64] [--metrics DIR] [--train-all]
+//                         [--trial-only-slower-than 3]
 #include <nitro/monitor/trace.hpp>
 #include <nitro/nitro.hpp>
 #include <nitro/train/autotune.hpp>
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <vector>
 
 
 namespace {
@@ -27,12 +42,16 @@ struct Args {
   std::int64_t samples = 8192;
   std::int64_t batch = 64;
   std::string metrics = "demo-metrics";
+  bool train_all = false;                // every level trained, level::Auto last, no trial-only rows
+  double trial_only_slower_than = 3.0;  // a level this many times slower than Basic in the trial: not trained
 };
 
 struct Row {
   std::string name;
   double samples_per_s = 0, peak_mb = 0, final_loss = 0, accuracy = 0;
   std::string report;  // the monitor's summary and advice (levels only)
+  std::string mark;    // for a row shown from level::Auto's trial: "(trial only: 4.1x slower than Basic here)"
+  std::optional<nitro::tune::Result> tuned;  // level::Auto's: what it tried, measured and chose
 };
 
 torch::nn::Sequential cnn() {
@@ -192,7 +211,10 @@ Row train_level(const std::string& name, const std::string& file, const Args& ar
       [&] { loop.flush(); }, watch);
   bar.close();
   sinks.close();
-  if constexpr (is_auto) row.name += " -> " + loop.result().name;
+  if constexpr (is_auto) {
+    row.name += " -> " + loop.result().name;
+    row.tuned = loop.result();
+  }
   const auto summary = nitro::monitor::summarize(loop);
   row.report = nitro::monitor::format(summary) + "advice:\n" + nitro::monitor::format(nitro::monitor::bottlenecks(summary));
   return row;
@@ -200,17 +222,112 @@ Row train_level(const std::string& name, const std::string& file, const Args& ar
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  constexpr const char* kUsage = "use --epochs N, --samples N, --batch N, --metrics DIR, --train-all, "
+                                 "--trial-only-slower-than X";
+  for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
-    if (arg == "--epochs") a.epochs = std::stoi(argv[i + 1]);
-    else if (arg == "--samples") a.samples = std::stoll(argv[i + 1]);
-    else if (arg == "--batch") a.batch = std::stoll(argv[i + 1]);
-    else if (arg == "--metrics") a.metrics = argv[i + 1];
-    else nitro::detail::fail("levels: unknown option ", arg, "; use --epochs, --samples, --batch, --metrics");
+    if (arg == "--train-all") {
+      a.train_all = true;
+      continue;
+    }
+    const bool known = arg == "--epochs" || arg == "--samples" || arg == "--batch" || arg == "--metrics" ||
+                       arg == "--trial-only-slower-than";
+    if (!known) nitro::detail::fail("levels: unknown option ", arg, "; ", kUsage);
+    if (i + 1 == argc) nitro::detail::fail("levels: ", arg, " needs a value; ", kUsage);
+    const char* value = argv[++i];
+    if (arg == "--epochs") a.epochs = std::stoi(value);
+    else if (arg == "--samples") a.samples = std::stoll(value);
+    else if (arg == "--batch") a.batch = std::stoll(value);
+    else if (arg == "--metrics") a.metrics = value;
+    else a.trial_only_slower_than = std::stod(value);
   }
   NITRO_CHECK(a.epochs >= 1 && a.samples >= 1 && a.batch >= 2 && a.batch % 2 == 0,
               "levels: epochs and samples must be >= 1, batch an even number >= 2");
+  NITRO_CHECK(std::isfinite(a.trial_only_slower_than) && a.trial_only_slower_than >= 0,
+              "levels: --trial-only-slower-than must be a number >= 0 (0: every level with a trial from its trial)");
   return a;
+}
+
+// The first trial of candidate `candidate` in level::Auto's table (the candidate as given: the first
+// round tries each in the list's order before any variation), when it measured a speed: its verdict
+// "ok" or "slower (stopped ...)", which still timed its steps; null after an error or out of memory.
+const nitro::tune::Trial* measured_trial(const nitro::tune::Result& tuned, std::size_t candidate) {
+  for (const auto& t : tuned.trials) {
+    if (t.choice.candidate != candidate) continue;
+    return t.steps_timed > 0 && t.samples_per_s > 0 ? &t : nullptr;
+  }
+  return nullptr;
+}
+
+// A second trial of level::Basic against Level (nitro::autotune, the same CNN, optimizer and batch size,
+// no variations), each trial unstopped: the median of its 4 timed steps. level::Auto's trial of a level
+// it finds far slower stops early, at times after a single step, which another program on a shared
+// machine can make many times slower than the level is.
+template <class Level>
+nitro::tune::Result trial_again(const Args& args) {
+  const c10::Device device = nitro::Cuda::available() ? nitro::Cuda::device() : nitro::Cpu::device();
+  auto model = cnn();
+  model->to(device);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
+  nitro::data::SyntheticImages data{{.size = args.samples, .noise = 8.0}};
+  const auto [x, y] = data.stacked(0, std::min(args.batch, args.samples));
+  const auto batch = std::make_pair(x.to(device), y.to(device));
+  nitro::tune::Options o;
+  o.prune_after = 0;  // every trial runs all its steps
+  o.channels_last = false;
+  o.fused_optimizer = false;
+  o.cpu_threads = {at::get_num_threads()};  // the thread count as it is: no variation tried
+  o.mode = nitro::tune::Mode::force;
+  o.cache_dir.clear();  // nothing read or written
+  o.print_table = false;
+  o.log = [](const std::string&) {};
+  return nitro::autotune<nitro::level::Basic, Level>(
+      model, optimizer, [&] { return batch; },
+      [](auto& forward, const auto& b) { return torch::cross_entropy_loss(forward(b.first), b.second); }, o);
+}
+
+// A level shown from its trials instead of trained, or nullopt: train it. It is shown from them when
+// level::Auto's trial (`tuned`, where the level is candidate `candidate` and level::Basic candidate 0)
+// measured it more than --trial-only-slower-than times slower than level::Basic, and a second trial
+// (trial_again) measured it so again; the row has the second trial's samples/s and peak memory.
+template <class Level>
+std::optional<Row> from_trial(const std::string& name, const std::string& file, const Args& args,
+                              const std::optional<nitro::tune::Result>& tuned, std::size_t candidate) {
+  if (args.train_all || !tuned) return std::nullopt;
+  const auto slower_than_basic = [](const nitro::tune::Result& r, std::size_t i) -> std::optional<double> {
+    const auto* basic = measured_trial(r, 0);
+    const auto* level = measured_trial(r, i);
+    if (basic == nullptr || level == nullptr) return std::nullopt;
+    return basic->samples_per_s / level->samples_per_s;
+  };
+  const auto first = slower_than_basic(*tuned, candidate);
+  if (!first || !(*first > args.trial_only_slower_than)) return std::nullopt;
+  nitro::tune::Result again;
+  try {
+    again = trial_again<Level>(args);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: its second trial failed (%s); training it\n", name.c_str(), e.what());
+    return std::nullopt;
+  }
+  const auto second = slower_than_basic(again, 1);
+  std::fprintf(stderr, "%s: %.1fx level::Basic's time a sample in level::Auto's trial, %.1fx in a second trial: %s\n",
+               name.c_str(), *first, second.value_or(NAN),
+               second && *second > args.trial_only_slower_than ? "not trained" : "trained");
+  if (!second || !(*second > args.trial_only_slower_than)) return std::nullopt;
+  const auto* level = measured_trial(again, 1);
+  Row row{name};
+  row.samples_per_s = level->samples_per_s;
+  row.peak_mb = level->peak_bytes >= 0 ? static_cast<double>(level->peak_bytes) / 1048576.0 : NAN;
+  row.final_loss = row.accuracy = NAN;
+  char mark[96];
+  if (*second >= 1) std::snprintf(mark, sizeof mark, "(trial only: %.1fx slower than Basic here)", *second);
+  else std::snprintf(mark, sizeof mark, "(trial only: %.1fx faster than Basic here)", 1 / *second);
+  row.mark = mark;
+  // No metrics of this level: the files of an earlier run that trained it would be drawn as this run's.
+  const std::filesystem::path dir = args.metrics;
+  for (const auto& stale : {dir / (file + ".jsonl"), dir / (file + ".csv"), dir / "tensorboard" / file})
+    nitro::io::remove_tree(stale);
+  return row;
 }
 
 }  // namespace
@@ -237,45 +354,113 @@ int main(int argc, char** argv) try {
         },
         [] {}, [](const at::Tensor&, const nitro::memory::PeakScope&) {});
   };
+  const auto started = std::chrono::steady_clock::now();
   plain({.epochs = 1, .samples = 1024, .batch = args.batch});  // warm-up: thread pools, kernels, allocator
+  // level::Auto tries the three levels (and channels-last, the fused optimizer, the thread count) on
+  // this CNN and machine, then trains with the fastest. It trains first: its trials say which of the
+  // fixed levels are too slow here to train (from_trial). With --train-all it trains last, as the
+  // fixed levels' runs do not depend on it then.
+  using AutoLevel = nitro::level::Auto<nitro::level::Basic, nitro::level::Advanced, nitro::level::Ultra>;
+  static_assert(std::is_same_v<std::tuple_element_t<0, AutoLevel::candidate_types>, nitro::level::Basic> &&
+                    std::is_same_v<std::tuple_element_t<1, AutoLevel::candidate_types>, nitro::level::Advanced> &&
+                    std::is_same_v<std::tuple_element_t<2, AutoLevel::candidate_types>, nitro::level::Ultra>,
+                "levels demo: from_trial's candidate indices are Basic 0, Advanced 1, Ultra 2");
+  const auto train_auto = [&] { return train_level<AutoLevel>("level::Auto", "auto", args, args.batch, {}); };
+  // The plain loop before anything of Nitro's has run: level::Auto applies its winner's hardware
+  // settings, and glibc's heap setting among them stays set for the process.
+  Row plain_row = plain(args);
+  std::optional<Row> auto_row;
+  if (!args.train_all) auto_row = train_auto();
+  const std::optional<nitro::tune::Result> tuned = auto_row ? auto_row->tuned : std::nullopt;
+
   std::vector<Row> rows;
-  rows.push_back(plain(args));
+  std::vector<std::string> files;  // the levels that trained, and wrote metrics
+  int from_trials = 0;
+  bool ultra_from_trial = false;
+  rows.push_back(std::move(plain_row));
   rows.push_back(train_level<nitro::level::Basic, torch::optim::SGD, /*Traced=*/true>("level::Basic", "basic", args,
                                                                                       args.batch, {}));
+  files.push_back("basic");
   rows.push_back(train_level<nitro::level::Basic, nitro::optim::FusedSGD>("level::Basic + FusedSGD", "basic_fused", args,
                                                                           args.batch, {}));
-  rows.push_back(train_level<nitro::level::Advanced>("level::Advanced (bf16)", "advanced", args, args.batch, {}));
-  rows.push_back(train_level<nitro::level::Ultra>(
-      "level::Ultra (bf16, 2x" + std::to_string(args.batch / 2) + " accum, sqrt ckpt, clip)", "ultra", args, args.batch / 2,
-      {.accumulate = nitro::accumulate::Dynamic::for_batch(args.batch, args.batch / 2), .clip = {.max_norm = 5.0}}));
-  // level::Auto tries the three levels (and channels-last, the fused optimizer, the thread count) on
-  // this CNN and machine, then trains with the fastest.
-  rows.push_back(train_level<nitro::level::Auto<nitro::level::Basic, nitro::level::Advanced, nitro::level::Ultra>>(
-      "level::Auto", "auto", args, args.batch, {}));
+  files.push_back("basic_fused");
+  const std::string advanced = "level::Advanced (bf16)";
+  if (auto r = from_trial<nitro::level::Advanced>(advanced, "advanced", args, tuned, 1)) {
+    rows.push_back(std::move(*r));
+    ++from_trials;
+  } else {
+    rows.push_back(train_level<nitro::level::Advanced>(advanced, "advanced", args, args.batch, {}));
+    files.push_back("advanced");
+  }
+  const std::string ultra = "level::Ultra (bf16, 2x" + std::to_string(args.batch / 2) + " accum, sqrt ckpt, clip)";
+  // Shown from its trial, Ultra is level::Auto's candidate as given (its default accumulation).
+  if (auto r = from_trial<nitro::level::Ultra>("level::Ultra (bf16, accum, sqrt ckpt, clip)", "ultra", args, tuned, 2)) {
+    rows.push_back(std::move(*r));
+    ++from_trials;
+    ultra_from_trial = true;
+  } else {
+    rows.push_back(train_level<nitro::level::Ultra>(
+        ultra, "ultra", args, args.batch / 2,
+        {.accumulate = nitro::accumulate::Dynamic::for_batch(args.batch, args.batch / 2), .clip = {.max_norm = 5.0}}));
+    files.push_back("ultra");
+  }
+  rows.push_back(auto_row ? std::move(*auto_row) : train_auto());
+  files.push_back("auto");
   // level::Max replays each step from a CUDA graph: on a GPU only (graph/capture.hpp).
-  if (gpu)
+  if (gpu) {
     rows.push_back(train_level<nitro::level::Max, nitro::optim::FusedSGD>("level::Max (bf16, CUDA graph) + FusedSGD",
                                                                         "max", args, args.batch, {}));
+    files.push_back("max");
+  }
+  const double trained_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 
-  std::printf("%-70s %10s %9s %11s %14s\n", "configuration", "samples/s", "peak MB", "final loss", "test accuracy");
+  // The table; a row shown from level::Auto's trial has its mark after the name, no loss nor accuracy.
+  const auto number = [](double v, int decimals) {
+    if (std::isnan(v)) return std::string("-");
+    char text[32];
+    std::snprintf(text, sizeof text, "%.*f", decimals, v);
+    return std::string(text);
+  };
+  int width = 70;
   for (const auto& r : rows)
-    std::printf("%-70s %10.0f %9.1f %11.4f %14.4f\n", r.name.c_str(), r.samples_per_s, r.peak_mb, r.final_loss,
-                r.accuracy);
+    width = std::max(width, static_cast<int>(r.name.size() + (r.mark.empty() ? 0 : 2 + r.mark.size())));
+  std::printf("%-*s %10s %9s %11s %14s\n", width, "configuration", "samples/s", "peak MB", "final loss", "test accuracy");
+  for (const auto& r : rows) {
+    const std::string name = r.mark.empty() ? r.name : r.name + "  " + r.mark;
+    std::printf("%-*s %10s %9s %11s %14s\n", width, name.c_str(), number(r.samples_per_s, 0).c_str(),
+                number(r.peak_mb, 1).c_str(), number(r.final_loss, 4).c_str(), number(r.accuracy, 4).c_str());
+  }
   std::printf("peak MB: the most tensor memory live at once during training (%s)\n",
               gpu ? "CUDA caching allocator" : "CPU tensors, nitro::memory::ScopedCpuTracking");
+  if (from_trials > 0) {
+    std::printf("trial only: not trained, as level::Auto's trial and a second trial against level::Basic both measured "
+                "its time a\n  sample above %gx level::Basic's on this machine; samples/s and peak MB are the second "
+                "trial's (the median of 4\n  timed steps on one batch of %lld), not %d epochs'; no loss, accuracy or "
+                "metrics files. --train-all trains every level,\n  --trial-only-slower-than X sets the factor\n",
+                args.trial_only_slower_than, static_cast<long long>(args.batch), args.epochs);
+    if (ultra_from_trial)
+      std::printf("  level::Ultra's trials: level::Ultra as level::Auto tries it, batches of %lld without the demo's "
+                  "accumulation\n", static_cast<long long>(args.batch));
+  }
   for (const auto& r : rows) {
     if (r.report.empty()) continue;
     std::printf("\n%s, monitor::Phases (per micro-batch step):\n%s", r.name.c_str(), r.report.c_str());
   }
-  std::printf("\nmetrics (a row every 10 optimizer steps): %s/{basic,basic_fused,advanced,ultra,auto%s}.{jsonl,csv}; plot them with\n"
+  std::string trained_files;
+  for (const auto& f : files) trained_files += (trained_files.empty() ? "" : ",") + f;
+  std::printf("\nmetrics (a row every 10 optimizer steps): %s/{%s}.{jsonl,csv}; plot them with\n"
               "  python3 bench/plot_metrics.py %s/*.jsonl -o metrics.png\n",
-              args.metrics.c_str(), gpu ? ",max" : "", args.metrics.c_str());
+              args.metrics.c_str(), trained_files.c_str(), args.metrics.c_str());
   std::printf("TensorBoard event files, one run per level: %s/tensorboard/; view them with\n"
               "  tensorboard --logdir %s/tensorboard      (then open http://localhost:6006)\n",
               args.metrics.c_str(), args.metrics.c_str());
   std::printf("a trace of level::Basic's optimizer steps 20-22: %s/basic.trace.json; open it at https://ui.perfetto.dev "
               "(Open trace file) or chrome://tracing\n",
               args.metrics.c_str());
+  std::printf("trained in %.0f s: %zu rows trained for %d epoch%s (the warm-up and level::Auto's trials included)",
+              trained_s, rows.size() - static_cast<std::size_t>(from_trials), args.epochs, args.epochs == 1 ? "" : "s");
+  if (from_trials > 0) std::printf(", %d shown from level::Auto's trial", from_trials);
+  std::printf("\n");
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "levels: %s\n", e.what());

@@ -1,5 +1,9 @@
 #pragma once
-// Everything Nitro offers. For faster builds include only the headers you use.
+// Nitro's headers that need nothing beyond LibTorch and GSL. Included by name instead: nitro/dist/*
+// (link nitro::dist), the image decoders data/image.hpp, image_folder.hpp, packed.hpp, nvjpeg.hpp (link
+// nitro::image), and, for their compile time, data/augment.hpp, train/autotune.hpp, monitor/trace.hpp
+// and infer/compiled.hpp. graph/capture.hpp is here: using graph::Capture or level::Max (not including
+// it) is a compile-time error on a LibTorch without CUDA. For faster builds include only the headers you use.
 #include <nitro/version.hpp>
 
 #include <nitro/core/compat.hpp>

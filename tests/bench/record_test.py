@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/record.py keeps a benchmark's RESULT lines with where they were measured: checked against a
-command whose output and exit status are known, and one that prints no RESULT line."""
+command whose output and exit status are known, one that prints no RESULT line, and a run kept as text
+(--from-log); bench/results_table.py's page and the README's headline table generated from them."""
 import json
 import os
 import subprocess
@@ -62,6 +63,112 @@ with tempfile.TemporaryDirectory() as out:
         run = subprocess.run([sys.executable, table, "--results", out, "--out", page, "--check"],
                              capture_output=True, text=True)
         check(run.returncode == 1 and "make docs" in run.stderr, "--check: an edited page is refused")
+
+    # --from-log: a run kept as text, imported with the provenance given; a GPU machine's run in its own
+    # folder beside the CPU machine's file of the same program, and both on the page, a table each.
+    log = os.path.join(out, "pasted.txt")
+    with open(log, "w") as f:
+        f.write("bench_fake: a table\n  RESULT fake_ratio=1.5 goal<=1.5 PASS   (a comment)\n"
+                "RESULT fake_gpu=7 goal>=5 PASS\nRESULT fake_ratio=1.0 / 2.0 (two runs, not a RESULT line)\n")
+    run = subprocess.run([sys.executable, record, "--from-log", log, "--program", "bench_fake", "--date", "2026-11-26",
+                          "--machine-cpu", "unknown", "--cpus", "16", "--gpu", "NVIDIA H100 80GB HBM3, 81559 MiB",
+                          "--source", "printed by a GPU round, kept in a log", "--out", os.path.join(out, "h100")],
+                         capture_output=True, text=True)
+    check(run.returncode == 0, f"--from-log imports ({run.stderr})")
+    path = os.path.join(out, "h100", "bench_fake.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            data = json.load(f)
+        check(data["results"] == [
+            {"name": "fake_ratio", "value": 1.5, "op": "<=", "goal": 1.5, "verdict": "PASS"},
+            {"name": "fake_gpu", "value": 7.0, "op": ">=", "goal": 5.0, "verdict": "PASS"},
+        ], f"--from-log: the RESULT lines, a comment after one ignored (got {data['results']})")
+        check(data["source"] == "imported: printed by a GPU round, kept in a log", "source kept")
+        check(data["commit"] == "unknown" and data["date"] == "2026-11-26", "commit unknown unless given; date as given")
+        check(data["machine"]["gpus"] == ["NVIDIA H100 80GB HBM3, 81559 MiB"] and data["machine"]["cpus"] == 16, "machine")
+    else:
+        check(False, "--from-log wrote h100/bench_fake.json")
+    twice = os.path.join(out, "twice.txt")
+    with open(twice, "w") as f:
+        f.write("RESULT a=1 goal<=2 PASS\nRESULT a=3 goal<=2 MISS\n")
+    run = subprocess.run([sys.executable, record, "--from-log", twice, "--program", "bench_two", "--date", "2026-11-26",
+                          "--machine-cpu", "AMD EPYC", "--cpus", "2", "--source", "x", "--out", out],
+                         capture_output=True, text=True)
+    check(run.returncode == 1 and "one run" in run.stderr and not os.path.exists(os.path.join(out, "bench_two.json")),
+          "--from-log: two runs pasted together are refused")
+    run = subprocess.run([sys.executable, record, "--from-log", log, "--program", "bench_fake", "--out", out],
+                         capture_output=True, text=True)
+    check(run.returncode == 2 and "--date" in run.stderr, "--from-log: the date and machine are required")
+    sys.path.insert(0, os.path.join(root, "bench"))
+    import record as record_module  # noqa: E402
+    check(record_module.gpu_folder([]) == "" and record_module.gpu_folder(["NVIDIA H200, 143771 MiB"]) == "h200"
+          and record_module.gpu_folder(["NVIDIA H100 80GB HBM3, 81559 MiB"]) == "h100",
+          "a GPU machine's default folder is named by its GPU")
+
+    run = subprocess.run([sys.executable, table, "--results", out, "--out", page], capture_output=True, text=True)
+    text = open(page).read() if os.path.isfile(page) else ""
+    check(text.count("## bench_fake\n") == 1 and text.count("\n### ") == 2,
+          f"one section a program, one table a machine (got {text})")
+    check("### NVIDIA H100 80GB HBM3, 81559 MiB; 16 CPUs (model not recorded); 2026-11-26" in text,
+          "the machine and date said once, in the table's heading")
+    check("_Imported: printed by a GPU round, kept in a log._" in text, "an imported run says where it was kept")
+    check("| `fake_gpu` | 7 | >= 5 | PASS |" in text, "the GPU run's rows")
+
+    # The headline table: written between the README's markers, checked by --check, and a README without
+    # the markers is left alone (--check --require-headline refuses it).
+    readme = os.path.join(out, "README.md")
+    with open(readme, "w") as f:
+        f.write("# Title\n\n<!-- headline:begin -->\nold\n<!-- headline:end -->\n\nrest\n")
+    sys.path.insert(0, os.path.join(root, "bench"))
+    import results_table  # noqa: E402
+    results_table.HEADLINES[:] = [("fake_ratio", "cpu", "what the fake ratio says"),
+                                  ("fake_gpu", "gpu", "what the fake GPU result says")]
+    records = results_table.load(out)
+    block = results_table.headline(records)
+    header = block[block.index("| result |"):].split("\n")[0]
+    check(header.startswith("| result | what it says | goal | ") and "NVIDIA H100 80GB HBM3" in header,
+          f"a column a machine, named once in the heading (got {header})")
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    ratio_row = next((l for l in block.split("\n") if l.startswith("| `fake_ratio` |")), "")
+    gpu_row = next((l for l in block.split("\n") if l.startswith("| `fake_gpu` |")), "")
+    ratio_cells = [c.strip() for c in ratio_row.strip("|").split("|")]
+    gpu_cells = [c.strip() for c in gpu_row.strip("|").split("|")]
+    check(ratio_cells[:3] == ["`fake_ratio`", "what the fake ratio says", "<= 1.5"] and
+          any(c.startswith("1.25 PASS (") for c in ratio_cells[3:]),
+          f"a headline row: name, meaning, goal, then value and verdict under its machine (got {ratio_row})")
+    check(len(gpu_cells) == len(columns) and
+          gpu_cells[columns.index("NVIDIA H100 80GB HBM3")] == "7 PASS (2026-11-26)",
+          f"the GPU result in its machine's column, with its date (got {gpu_row})")
+    new = results_table.with_headline(open(readme).read(), block)
+    check(new is not None and new.startswith("# Title\n\n<!-- headline:begin -->\n") and new.endswith(
+          "<!-- headline:end -->\n\nrest\n") and "old" not in new, "the block replaced, the rest kept")
+    check(results_table.with_headline("no markers\n", block) is None, "no markers: nothing replaced")
+    run = subprocess.run([sys.executable, table, "--results", out, "--out", page, "--readme", readme],
+                         capture_output=True, text=True)
+    check(run.returncode == 0 and "headline:begin -->\n<!-- generated" in open(readme).read(),
+          f"results_table.py writes the headline ({run.stderr})")
+    run = subprocess.run([sys.executable, table, "--results", out, "--out", page, "--readme", readme, "--check",
+                          "--require-headline"], capture_output=True, text=True)
+    check(run.returncode == 0, f"--check: the headline agrees ({run.stderr})")
+    with open(readme) as f:
+        edited = f.read().replace("<!-- headline:end -->", "edited by hand\n<!-- headline:end -->")
+    with open(readme, "w") as f:
+        f.write(edited)
+    run = subprocess.run([sys.executable, table, "--results", out, "--out", page, "--readme", readme, "--check"],
+                         capture_output=True, text=True)
+    check(run.returncode == 1 and "headline" in run.stderr, "--check: a headline edited by hand is refused")
+    with open(readme, "w") as f:
+        f.write("# Title\n\nno markers\n")
+    run = subprocess.run([sys.executable, table, "--results", out, "--out", page, "--readme", readme],
+                         capture_output=True, text=True)
+    check(run.returncode == 0 and open(readme).read() == "# Title\n\nno markers\n" and "no headline markers" in run.stderr,
+          "a README without the markers is left alone, saying so")
+    run = subprocess.run([sys.executable, table, "--results", out, "--out", page, "--readme", readme, "--check"],
+                         capture_output=True, text=True)
+    check(run.returncode == 0, "--check without the markers: the page only")
+    run = subprocess.run([sys.executable, table, "--results", out, "--out", page, "--readme", readme, "--check",
+                          "--require-headline"], capture_output=True, text=True)
+    check(run.returncode == 1 and "no headline markers" in run.stderr, "--require-headline: missing markers refused")
 
     # No RESULT line: nothing written, the status passed on.
     run = subprocess.run([sys.executable, record, "--out", out, "--name", "bench_quiet", "--", "true"],

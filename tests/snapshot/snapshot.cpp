@@ -658,21 +658,21 @@ TEST_CASE("io::xxh3 and io::Xxh3 (format version 2's checksum) match the xxHash 
     }
   }
   // Each accumulation this build has (plain, SSE2, AVX2 where the CPU has it) gives the same bits.
-  std::vector<nitro::io::Xxh3Accumulate> kernels{&nitro::io::xxh3_accumulate_scalar};
+  std::vector<nitro::io::detail::Xxh3Accumulate> kernels{&nitro::io::detail::xxh3_accumulate_scalar};
 #if defined(__x86_64__)
-  kernels.push_back(&nitro::io::xxh3_accumulate_sse2);
-  if (__builtin_cpu_supports("avx2")) kernels.push_back(&nitro::io::xxh3_accumulate_avx2);
+  kernels.push_back(&nitro::io::detail::xxh3_accumulate_sse2);
+  if (__builtin_cpu_supports("avx2")) kernels.push_back(&nitro::io::detail::xxh3_accumulate_avx2);
 #endif
   for (const auto kernel : kernels) {
     std::uint64_t acc[8];
-    std::memcpy(acc, nitro::io::xxh3_acc_init, sizeof acc);
+    std::memcpy(acc, nitro::io::detail::xxh3_acc_init, sizeof acc);
     const auto* p = reinterpret_cast<const unsigned char*>(buffer.data());
     for (int block = 0; block < 2; ++block) {  // 2099 bytes: 2 blocks of 16 stripes, then the last stripe
-      kernel(acc, p + 1024 * block, nitro::io::xxh3_secret, 16);
-      nitro::io::xxh3_scramble(acc);
+      kernel(acc, p + 1024 * block, nitro::io::detail::xxh3_secret, 16);
+      nitro::io::detail::xxh3_scramble(acc);
     }
-    kernel(acc, p + 2099 - 64, nitro::io::xxh3_secret + 121, 1);
-    CHECK(nitro::io::xxh3_merge(acc, 2099) == 0xC6B9D9B3FC9AC765ULL);
+    kernel(acc, p + 2099 - 64, nitro::io::detail::xxh3_secret + 121, 1);
+    CHECK(nitro::io::detail::xxh3_merge(acc, 2099) == 0xC6B9D9B3FC9AC765ULL);
   }
 }
 

@@ -55,9 +55,11 @@ namespace nitro {
 /// a tuple, torch::data::Example, or a user type with `nitro_map_tensors`). A view counts its whole
 /// storage, because that is what caching it keeps in memory.
 struct TensorBytes {
+  /// The bytes of storage `t` keeps alive; 0 for an undefined tensor or one without storage.
   std::int64_t operator()(const at::Tensor& t) const {
     return t.defined() && t.has_storage() ? static_cast<std::int64_t>(t.storage().nbytes()) : 0;
   }
+  /// The bytes summed over every tensor in a composite or user batch (see nitro::Batch).
   template <Batch V>
     requires(!std::same_as<V, at::Tensor>)
   std::int64_t operator()(const V& value) const {
@@ -69,8 +71,11 @@ struct TensorBytes {
 
 /// A lock that does nothing, for single-threaded caches (spdlog's null_mutex).
 struct NullMutex {
+  /// Does nothing.
   void lock() noexcept {}
+  /// Does nothing.
   void unlock() noexcept {}
+  /// Does nothing and succeeds: always true.
   bool try_lock() noexcept { return true; }
 };
 
@@ -82,14 +87,16 @@ enum class RemovalCause {
 
 /// What a cache has done since it was made (or since reset_stats()).
 struct CacheStats {
-  std::uint64_t hits = 0;
-  std::uint64_t misses = 0;
+  std::uint64_t hits = 0;        ///< gets that found their key
+  std::uint64_t misses = 0;      ///< gets that did not
   std::uint64_t admissions = 0;  ///< puts that stayed
   std::uint64_t rejections = 0;  ///< puts refused (too large, or the policy preferred what it had)
   std::uint64_t evictions = 0;   ///< entries dropped for room
   std::size_t bytes = 0;         ///< weight now held
   std::size_t entries = 0;       ///< entries now held
+  /// hits / (hits + misses), from 0 to 1; 0 before any get.
   [[nodiscard]] NITRO_INLINE double hit_ratio() const noexcept;
+  /// Adds another cache's (or shard's) counts to these, field by field.
   NITRO_INLINE CacheStats& operator+=(const CacheStats& o) noexcept;
 };
 
@@ -121,15 +128,20 @@ class Cache {
                 "nitro::Cache: Weigher must be callable as weigher(const Value&) and return an integer byte count");
 
  public:
+  /// The eviction policy type (cache/evict/).
   using policy_type = Policy;
+  /// The key type.
   using key_type = Key;
+  /// The value type.
   using value_type = Value;
+  /// The policy's bookkeeping for this Key, reachable through evictor().
   using evictor_type = typename Policy::template Evictor<Key>;
   /// Called outside the cache's lock, once per entry evicted or refused; it may use the cache.
   using Callback = std::function<void(const Key&, const Value&, RemovalCause)>;
   /// What one put removed, in order: each entry evicted for room, or the put value itself when refused.
   using Removed = std::vector<std::tuple<Key, Value, RemovalCause>>;
 
+  /// What a cache is made from.
   struct Options {
     /// The byte budget, > 0: the sum of the weights held never exceeds it.
     std::size_t capacity_bytes = 0;
@@ -137,8 +149,14 @@ class Cache {
     typename Policy::Options policy{};
   };
 
+  /// A cache of `options.capacity_bytes` with a default-constructed Weigher. Throws nitro::Error when
+  /// capacity_bytes is 0.
+  /// @code
   /// nitro::Cache_mt<nitro::evict::Lru> cache{{.capacity_bytes = 1ull << 30}};
+  /// @endcode
   explicit Cache(Options options) : Cache(std::move(options), Weigher{}) {}
+  /// A cache with a weigher of its own (for a Weigher that is not default constructible, or carries state).
+  /// Throws nitro::Error when capacity_bytes is 0.
   Cache(Options options, Weigher weigher)
       : capacity_(checked_capacity(options.capacity_bytes)),
         weigher_(std::move(weigher)),
@@ -217,15 +235,19 @@ class Cache {
     callback_ = std::move(callback);
   }
 
+  /// The number of entries held.
   [[nodiscard]] std::size_t size() const {
     std::lock_guard guard(lock_);
     return index_.size();
   }
+  /// The weight held, in bytes (at most capacity()).
   [[nodiscard]] std::size_t bytes() const {
     std::lock_guard guard(lock_);
     return bytes_;
   }
+  /// The byte budget given at construction.
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  /// The counters since construction or reset_stats(), with the bytes and entries held now.
   [[nodiscard]] CacheStats stats() const {
     std::lock_guard guard(lock_);
     CacheStats s = stats_;
@@ -233,6 +255,7 @@ class Cache {
     s.entries = index_.size();
     return s;
   }
+  /// Sets hits, misses, admissions, rejections and evictions back to 0.
   void reset_stats() {
     std::lock_guard guard(lock_);
     stats_ = {};
@@ -246,6 +269,7 @@ class Cache {
   }
   /// The policy's books, e.g. to give Clairvoyant the next epoch's order. Not synchronised.
   [[nodiscard]] evictor_type& evictor() noexcept { return evictor_; }
+  /// The eviction policy's name (Policy::name), e.g. "lru".
   [[nodiscard]] static constexpr std::string_view policy_name() noexcept { return Policy::name; }
 
  private:
@@ -363,21 +387,30 @@ class ShardedCache {
   using Shard = Cache<Policy, Key, Value, Weigher, Lock, Hash>;
 
  public:
+  /// The eviction policy type (cache/evict/).
   using policy_type = Policy;
+  /// The key type.
   using key_type = Key;
+  /// The value type.
   using value_type = Value;
+  /// Called outside a shard's lock, once per entry evicted or refused (Cache::Callback).
   using Callback = typename Shard::Callback;
 
+  /// What a sharded cache is made from.
   struct Options {
     /// The byte budget of all shards together, > 0.
     std::size_t capacity_bytes = 0;
     /// Number of shards, a power of two from 1 to 4096; 0 picks 4 x the hardware threads (at least 8,
     /// at most 4096).
     std::size_t shards = 0;
-    typename Policy::Options policy{};
+    typename Policy::Options policy{};  ///< the policy's own knobs, given to every shard
   };
 
+  /// A sharded cache with a default-constructed Weigher; see the other constructor.
   explicit ShardedCache(Options options) : ShardedCache(std::move(options), Weigher{}) {}
+  /// Splits `options.capacity_bytes` evenly over the shards (each shard gets capacity_bytes / shards; the
+  /// remainder is unused). Throws nitro::Error when shards is not 0 or a power of two up to 4096, or
+  /// when capacity_bytes is less than one byte per shard.
   ShardedCache(Options options, Weigher weigher) {
     std::size_t n = options.shards;
     if (n == 0)
@@ -393,32 +426,47 @@ class ShardedCache {
           typename Shard::Options{.capacity_bytes = options.capacity_bytes / n, .policy = options.policy}, weigher));
   }
 
+  /// Cache::put on the key's shard: false when the value was refused (larger than a shard's share, or
+  /// the policy kept the others).
   bool put(const Key& key, Value value) { return shard(key).put(key, std::move(value)); }
+  /// Cache::get on the key's shard: the value, or nothing.
   [[nodiscard]] std::optional<Value> get(const Key& key) { return shard(key).get(key); }
+  /// Whether `key` is held; not an access.
   [[nodiscard]] bool contains(const Key& key) const { return shard(key).contains(key); }
+  /// Removes `key`; false when it was not held. No callback.
   bool erase(const Key& key) { return shard(key).erase(key); }
+  /// Removes everything from every shard (no callbacks); the statistics stay.
   void clear() {
     for (auto& s : shards_) s->cache.clear();
   }
+  /// Sets the callback of every shard (set it before sharing the cache).
   void on_evict(Callback callback) {
     for (auto& s : shards_) s->cache.on_evict(callback);
   }
+  /// The number of entries held, summed over the shards.
   [[nodiscard]] std::size_t size() const { return sum([](const Shard& s) { return s.size(); }); }
+  /// The weight held in bytes, summed over the shards.
   [[nodiscard]] std::size_t bytes() const { return sum([](const Shard& s) { return s.bytes(); }); }
+  /// The byte budget summed over the shards (capacity_bytes rounded down to a multiple of the shard count).
   [[nodiscard]] std::size_t capacity() const { return sum([](const Shard& s) { return s.capacity(); }); }
+  /// The bookkeeping in bytes of every shard and of the shard table, not counting what the values hold.
   [[nodiscard]] std::size_t overhead_bytes() const {
     return sum([](const Shard& s) { return s.overhead_bytes(); }) + shards_.capacity() * sizeof(void*) +
            shards_.size() * sizeof(Padded);
   }
+  /// The counters of all shards added together.
   [[nodiscard]] CacheStats stats() const {
     CacheStats total;
     for (const auto& s : shards_) total += s->cache.stats();
     return total;
   }
+  /// Resets every shard's counters (Cache::reset_stats).
   void reset_stats() {
     for (auto& s : shards_) s->cache.reset_stats();
   }
+  /// The number of shards.
   [[nodiscard]] std::size_t shard_count() const noexcept { return shards_.size(); }
+  /// The eviction policy's name (Policy::name).
   [[nodiscard]] static constexpr std::string_view policy_name() noexcept { return Policy::name; }
 
  private:
@@ -468,8 +516,11 @@ using ShardedCache_mt = ShardedCache<Policy, Key, Value, Weigher, std::mutex>;
 
 /// Byte sizes, to write budgets: `using namespace nitro::literals; {.capacity_bytes = 8_GiB}`.
 namespace literals {
+/// `n` kibibytes in bytes (n * 1024).
 constexpr std::size_t operator""_KiB(unsigned long long n) { return static_cast<std::size_t>(n) << 10; }
+/// `n` mebibytes in bytes (n * 2^20).
 constexpr std::size_t operator""_MiB(unsigned long long n) { return static_cast<std::size_t>(n) << 20; }
+/// `n` gibibytes in bytes (n * 2^30).
 constexpr std::size_t operator""_GiB(unsigned long long n) { return static_cast<std::size_t>(n) << 30; }
 }  // namespace literals
 

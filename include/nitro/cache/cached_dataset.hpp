@@ -125,13 +125,17 @@ template <EvictionPolicy Policy, SampleSource Source,
 class CachedDataset
     : public torch::data::datasets::Dataset<CachedDataset<Policy, Source, CacheTemplate>, source_sample_t<Source>> {
  public:
+  /// What get() returns: the source's sample type (source_sample_t).
   using Sample = source_sample_t<Source>;
   static_assert(Batch<Sample>,
                 "nitro::CachedDataset: the source's sample must be a batch the cache can weigh (a tensor, a "
                 "torch::data::Example, a tuple or vector of them, or a type with nitro_map_tensors; see "
                 "core/device.hpp)");
+  /// The cache the samples are held in, keyed by sample index.
   using cache_type = CacheTemplate<Policy, std::int64_t, Sample, TensorBytes>;
+  /// The source type.
   using source_type = Source;
+  /// The knobs: CachedDatasetOptions.
   using Options = CachedDatasetOptions<Policy>;
 
   /// Throws nitro::Error when capacity_bytes is 0, `size` is missing for a callable source (or
@@ -160,6 +164,7 @@ class CachedDataset
 
   /// The cache, shared by every copy of this data set (torch::data's workers): for stats() and clear().
   [[nodiscard]] cache_type& cache() const noexcept { return *cache_; }
+  /// The source, this copy's own (each torch::data worker copy has its own).
   [[nodiscard]] const Source& source() const noexcept { return source_; }
 
  private:

@@ -180,7 +180,7 @@ struct DiskTierOptions {
 
 /// What a DiskTier has done since it was made (or since reset_stats()).
 struct DiskTierStats {
-  std::uint64_t hits = 0;
+  std::uint64_t hits = 0;        ///< loads that found their file and read it back intact
   std::uint64_t misses = 0;      ///< loads that found nothing usable, corrupt files included
   std::uint64_t stores = 0;      ///< files written
   std::uint64_t rejections = 0;  ///< stores refused: the file would exceed the whole budget
@@ -188,6 +188,7 @@ struct DiskTierStats {
   std::uint64_t corrupt = 0;     ///< files found missing, truncated or corrupt on load (and removed)
   std::size_t bytes = 0;         ///< file bytes now held
   std::size_t entries = 0;       ///< files now held
+  /// hits / (hits + misses), from 0 to 1; 0 before any load.
   [[nodiscard]] NITRO_INLINE double hit_ratio() const noexcept;
 };
 
@@ -215,8 +216,11 @@ class BasicDiskTier {
   static constexpr bool single = std::same_as<Value, at::Tensor>;
 
  public:
+  /// The key type, an integer the file is named after.
   using key_type = Key;
+  /// The value type.
   using value_type = Value;
+  /// Where and how much it may write: DiskTierOptions.
   using Options = DiskTierOptions;
 
   /// Creates the directory if missing, checks that it is writable, and removes the spill files a
@@ -383,6 +387,7 @@ class BasicDiskTier {
     bytes_ = 0;
   }
 
+  /// The number of files held.
   [[nodiscard]] std::size_t size() const {
     std::lock_guard guard(mutex_);
     return index_.size();
@@ -392,12 +397,15 @@ class BasicDiskTier {
     std::lock_guard guard(mutex_);
     return bytes_;
   }
+  /// The byte budget of the files (DiskTierOptions::capacity_bytes).
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  /// The spill directory.
   [[nodiscard]] const std::filesystem::path& directory() const noexcept { return directory_; }
   /// The file that holds (or would hold) `key`.
   [[nodiscard]] std::filesystem::path path_of(Key key) const {
     return directory_ / (std::to_string(key) + std::string(cache::detail::file_suffix));
   }
+  /// The counters since construction or reset_stats(), with the bytes and files held now.
   [[nodiscard]] DiskTierStats stats() const {
     std::lock_guard guard(mutex_);
     DiskTierStats s = stats_;
@@ -405,6 +413,7 @@ class BasicDiskTier {
     s.entries = index_.size();
     return s;
   }
+  /// Sets hits, misses, stores, rejections, evictions and corrupt back to 0.
   void reset_stats() {
     std::lock_guard guard(mutex_);
     stats_ = {};
@@ -506,17 +515,20 @@ namespace cache {
 /// of an evicted value goes by it: it is written only while no put or erase has touched the key since.
 template <class Value>
 struct Versioned {
-  Value value{};
-  std::uint64_t version = 0;
+  Value value{};              ///< the value held
+  std::uint64_t version = 0;  ///< the clock value it is held under
 };
+/// Versioned<at::Tensor>: the memory tier's value for tensors (the name from before TieredCache took a value type).
 using VersionedTensor = Versioned<at::Tensor>;
 /// The memory tier's weigher: the value's bytes, as TensorBytes counts them (the version is books).
 struct VersionedBytes {
   template <class Value>
+  /// TensorBytes of `v.value`.
   std::int64_t operator()(const Versioned<Value>& v) const {
     return TensorBytes{}(v.value);
   }
 };
+/// The name VersionedBytes had before TieredCache took a value type.
 using VersionedTensorBytes = VersionedBytes;
 
 namespace detail {
@@ -546,10 +558,13 @@ struct TieredArgs<L, Lock> {
 /// Both tiers' statistics. Every get() is one memory hit or miss, and every memory miss is one disk
 /// hit or miss: memory.misses == disk.hits + disk.misses.
 struct TieredCacheStats {
-  CacheStats memory;
-  DiskTierStats disk;
+  CacheStats memory;   ///< the memory tier's counters (every get() is a memory hit or miss)
+  DiskTierStats disk;  ///< the disk tier's counters (every memory miss is a disk hit or miss)
+  /// Gets answered by either tier: memory hits plus disk hits.
   [[nodiscard]] std::uint64_t hits() const noexcept { return memory.hits + disk.hits; }
+  /// Gets answered by neither tier: the disk misses.
   [[nodiscard]] std::uint64_t misses() const noexcept { return disk.misses; }
+  /// hits() / gets, from 0 to 1; 0 before any get.
   [[nodiscard]] NITRO_INLINE double hit_ratio() const noexcept;
 };
 
@@ -603,7 +618,9 @@ class TieredCache {
   using Args = cache::detail::TieredArgs<Value, Lock>;
 
  public:
+  /// The value type.
   using value_type = typename Args::value;
+  /// The lock of the memory tier and of each key stripe.
   using lock_type = typename Args::lock;
   static_assert(Batch<value_type> && std::same_as<value_type, std::remove_cvref_t<value_type>>,
                 "nitro::TieredCache: Value must be a batch (a tensor, a torch::data::Example, a tuple, pair, vector "
@@ -614,8 +631,10 @@ class TieredCache {
   /// The memory tier: its values are the values with the versions the spills go by
   /// (cache::Versioned), weighed by their tensors' bytes.
   using memory_type = Cache<Policy, std::int64_t, cache::Versioned<value_type>, cache::VersionedBytes, lock_type>;
+  /// The disk tier.
   using disk_type = BasicDiskTier<std::int64_t, value_type>;
 
+  /// What a tiered cache is made from.
   struct Options {
     /// The memory tier's byte budget (TensorBytes), > 0.
     std::size_t memory_capacity_bytes = 0;
@@ -625,6 +644,9 @@ class TieredCache {
     DiskTierOptions disk{};
   };
 
+  /// Makes the disk tier (creating its directory, removing a previous run's spill files) and the memory
+  /// tier. Throws nitro::Error when memory_capacity_bytes or disk.capacity_bytes is 0, disk.directory is
+  /// empty, or the directory cannot be created or written.
   explicit TieredCache(Options options)
       : disk_(std::move(options.disk)),
         memory_({.capacity_bytes = checked_memory_capacity(options.memory_capacity_bytes),
@@ -708,7 +730,9 @@ class TieredCache {
 
   /// Entries in both tiers.
   [[nodiscard]] std::size_t size() const { return memory_.size() + disk_.size(); }
+  /// Both tiers' counters.
   [[nodiscard]] TieredCacheStats stats() const { return {memory_.stats(), disk_.stats()}; }
+  /// Resets both tiers' counters.
   void reset_stats() {
     memory_.reset_stats();
     disk_.reset_stats();
@@ -717,6 +741,7 @@ class TieredCache {
   /// The memory tier's values are cache::Versioned (the value and its version): read values through
   /// get().
   [[nodiscard]] const memory_type& memory() const noexcept { return memory_; }
+  /// The disk tier (see memory()).
   [[nodiscard]] const disk_type& disk() const noexcept { return disk_; }
 
  private:

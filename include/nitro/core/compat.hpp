@@ -34,16 +34,18 @@ namespace nitro::compat {
 /// The TF32 state of cuBLAS matmuls and cuDNN convolutions, saved exactly so that it can be restored.
 struct Tf32State {
 #if NITRO_TORCH_VERSION >= 211
-  at::Float32Precision matmul;
-  at::Float32Precision conv;
+  at::Float32Precision matmul;  ///< cuBLAS matmuls' float32 precision.
+  at::Float32Precision conv;    ///< cuDNN convolutions' float32 precision.
 #else
-  bool matmul;
-  bool conv;
+  bool matmul;  ///< TF32 allowed in cuBLAS matmuls.
+  bool conv;    ///< TF32 allowed in cuDNN convolutions.
 #endif
 };
 
+/// The current TF32 state, to be put back with restore_tf32().
 NITRO_INLINE Tf32State tf32_state();
 
+/// Puts back a state tf32_state() returned.
 NITRO_INLINE void restore_tf32(const Tf32State& s);
 
 /// Allows (or forbids) TF32 in cuBLAS matmuls and cuDNN convolutions.
@@ -55,12 +57,15 @@ NITRO_INLINE bool tf32_enabled();
 // ---- CUDA caching allocator -------------------------------------------------------------------------
 
 #if NITRO_WITH_CUDA
-/// The per-process memory fraction of a device, where this LibTorch can say (2.10 and newer).
 // LibTorch makes the caching allocator's per-device state when CUDA is first used (its lazy init):
 // before that, reading or setting a fraction is an internal assert ("Allocator not initialized for
 // device"). Python's torch.cuda.set_per_process_memory_fraction initialises first; so do these.
+/// Runs LibTorch's lazy CUDA initialisation, which makes the caching allocator's per-device state.
 NITRO_INLINE void init_cuda_allocator();
+/// The per-process memory fraction of a device, where this LibTorch can say (2.10 and newer);
+/// nullopt with older ones.
 NITRO_INLINE std::optional<double> cuda_memory_fraction([[maybe_unused]] c10::DeviceIndex device);
+/// Caps the caching allocator of `device` at `fraction` of its memory (initialising CUDA first).
 NITRO_INLINE void set_cuda_memory_fraction(double fraction, c10::DeviceIndex device);
 #endif
 

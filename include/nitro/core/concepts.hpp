@@ -86,12 +86,14 @@ struct TensorIdentity {
 }  // namespace detail
 
 /// The customization point for a user batch type, found by argument-dependent lookup:
+/// @code
 ///   struct MyBatch {
 ///     at::Tensor image, mask; int id;
 ///     template <class F> friend MyBatch nitro_map_tensors(const MyBatch& b, F&& f) {
 ///       return {f(b.image), f(b.mask), b.id};
 ///     }
 ///   };
+/// @endcode
 template <class B>
 concept CustomBatch = requires(const B& b, detail::TensorIdentity f) {
   { nitro_map_tensors(b, f) } -> std::same_as<B>;
@@ -234,8 +236,8 @@ namespace accumulate {
 /// What the loop reports when a policy that splits on running out of memory (accumulate::Adaptive)
 /// splits a batch.
 struct SplitEvent {
-  std::int64_t previous_split = 1;
-  std::int64_t split = 2;
+  std::int64_t previous_split = 1;  ///< Micro-batches each batch was split into before.
+  std::int64_t split = 2;           ///< Micro-batches each batch is split into from now on.
   /// Rows (size of dimension 0) of the batch that ran out of memory.
   std::int64_t batch_rows = 0;
   /// The out-of-memory message.
@@ -293,7 +295,7 @@ enum class Phase : int {
   /// do not step).
   optimizer = 3,
 };
-inline constexpr int phase_count = 4;
+inline constexpr int phase_count = 4;  ///< The number of Phase values.
 
 /// What a monitor policy's Recorder is told by the training loop, in this order on every step:
 /// begin_step(), mark(Phase::forward), mark(Phase::backward), mark(Phase::optimizer),
@@ -323,15 +325,17 @@ concept HookPolicy = Policy<P> && OfFamily<P, family::Hook> &&
 namespace monitor {
 /// Records nothing and costs nothing: the loop never calls it (`enabled` is false).
 struct Off {
-  using family = nitro::family::Monitor;
-  static constexpr std::string_view name = "off";
-  static constexpr bool enabled = false;
+  using family = nitro::family::Monitor;  ///< The policy family this belongs to (MonitorPolicy).
+  static constexpr std::string_view name = "off";  ///< Name shown in reports and checked in snapshots.
+  static constexpr bool enabled = false;  ///< Off: the loop skips the monitor at compile time.
   struct Options {};
+  /// The recorder the loop would own: every call does nothing.
   struct Recorder {
+    /// Takes the options and the model's device, and keeps neither.
     Recorder(const Options&, const c10::Device&) noexcept {}
-    void begin_step() noexcept {}
-    void mark(Phase) noexcept {}
-    void end_step(std::int64_t) noexcept {}
+    void begin_step() noexcept {}  ///< Does nothing.
+    void mark(Phase) noexcept {}  ///< Does nothing.
+    void end_step(std::int64_t) noexcept {}  ///< Does nothing.
   };
 };
 }  // namespace monitor

@@ -41,17 +41,19 @@ namespace nitro {
 
 /// The host. Always available.
 struct Cpu {
-  static constexpr c10::DeviceType type = c10::DeviceType::CPU;
-  static constexpr std::string_view name = "cpu";
-  static bool available() noexcept { return true; }
+  static constexpr c10::DeviceType type = c10::DeviceType::CPU;  ///< LibTorch's device type, kCPU.
+  static constexpr std::string_view name = "cpu";  ///< Name shown in messages.
+  static bool available() noexcept { return true; }  ///< Always true.
+  /// The CPU device (the index is ignored).
   static c10::Device device(c10::DeviceIndex = -1) { return c10::Device(type); }
 };
 
 /// An NVIDIA GPU through LibTorch's CUDA backend. `available()` is false on a machine without a GPU
 /// or with a CPU-only LibTorch; code specialised on Cuda still compiles there.
 struct Cuda {
-  static constexpr c10::DeviceType type = c10::DeviceType::CUDA;
-  static constexpr std::string_view name = "cuda";
+  static constexpr c10::DeviceType type = c10::DeviceType::CUDA;  ///< LibTorch's device type, kCUDA.
+  static constexpr std::string_view name = "cuda";  ///< Name shown in messages.
+  /// Whether a GPU is usable in this process (torch::cuda::is_available()).
   static bool available() { return torch::cuda::is_available(); }
   /// Index -1 means the current device.
   static c10::Device device(c10::DeviceIndex index = -1) { return c10::Device(type, index); }
@@ -64,8 +66,9 @@ struct Cuda {
 /// type with kCPU or kCUDA does not mistake Auto for either; use the device value instead.
 ///   nitro::Prefetcher<nitro::Auto, decltype(source)> batches{source, {.device = device}};
 struct Auto {
+  /// COMPILE_TIME_MAX_DEVICE_TYPES: no device's type (see above).
   static constexpr c10::DeviceType type = c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES;
-  static constexpr std::string_view name = "auto";
+  static constexpr std::string_view name = "auto";  ///< Name shown in messages.
   /// Always true: without a GPU, Auto's device is the CPU.
   static bool available() noexcept { return true; }
   /// The default device: `cuda:index` (index -1: the current GPU) when this build has CUDA

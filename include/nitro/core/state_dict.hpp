@@ -20,17 +20,23 @@
 
 namespace nitro {
 
+/// A piece of a run's state as named tensors, integers, numbers and strings, saved and loaded bit for
+/// bit by a snapshot (see the top of this header).
 struct StateDict {
-  std::map<std::string, at::Tensor, std::less<>> tensors;
-  std::map<std::string, std::int64_t, std::less<>> integers;
-  std::map<std::string, double, std::less<>> numbers;
-  std::map<std::string, std::string, std::less<>> strings;
+  std::map<std::string, at::Tensor, std::less<>> tensors;     ///< Named tensors.
+  std::map<std::string, std::int64_t, std::less<>> integers;  ///< Named integers, exact over the whole int64 range.
+  std::map<std::string, double, std::less<>> numbers;         ///< Named floating-point numbers.
+  std::map<std::string, std::string, std::less<>> strings;    ///< Named strings.
 
+  /// No entry in any of the four maps.
   [[nodiscard]] NITRO_INLINE bool empty() const noexcept;
   /// The value under `key`; nitro::Error naming the key (and `owner`, for the message) when absent.
   [[nodiscard]] NITRO_INLINE const at::Tensor& tensor(std::string_view key, std::string_view owner = "StateDict") const;
+  /// The integer under `key`; nitro::Error naming the key (and `owner`) when absent.
   [[nodiscard]] NITRO_INLINE std::int64_t integer(std::string_view key, std::string_view owner = "StateDict") const;
+  /// The number under `key`; nitro::Error naming the key (and `owner`) when absent.
   [[nodiscard]] NITRO_INLINE double number(std::string_view key, std::string_view owner = "StateDict") const;
+  /// The string under `key`; nitro::Error naming the key (and `owner`) when absent.
   [[nodiscard]] NITRO_INLINE const std::string& string(std::string_view key, std::string_view owner = "StateDict") const;
 
  private:

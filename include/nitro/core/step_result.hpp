@@ -25,10 +25,10 @@ struct StepResult {
   /// A hook asks the caller to stop the run after this step (snapshot::Policy after a SIGTERM, once
   /// the snapshot is written); `stop_reason` says why, for the log.
   bool stop = false;
-  std::string_view stop_reason{};
+  std::string_view stop_reason{};  ///< Why `stop` was asked for, for the log; empty when it was not.
   /// stability::Guard's counts so far (0 without one): non-finite losses, parameters or skipped
   /// steps found, loss spikes, restores of the last good state.
-  std::int64_t nonfinite_found = 0, spikes_found = 0, restores = 0;
+  std::int64_t nonfinite_found = 0, spikes_found = 0 /**< Loss spikes found so far by stability::Guard. */, restores = 0;  ///< Restores of the last good state so far.
 };
 
 }  // namespace nitro

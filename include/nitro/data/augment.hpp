@@ -59,9 +59,9 @@ namespace nitro::data::augment {
 
 /// Who the samples of a batch are: their data-set indices (int64 [N], any device), the epoch and the seed.
 struct Keys {
-  uint64_t seed = 0;
-  int64_t epoch = 0;
-  at::Tensor index;
+  uint64_t seed = 0;  ///< The run's seed: another seed, other draws.
+  int64_t epoch = 0;  ///< The epoch: each epoch draws anew.
+  at::Tensor index;   ///< The samples' data-set indices, int64 [N] on any device; a stage throws nitro::Error otherwise.
 };
 
 /// YOLO boxes of a batch: one floating tensor [n_i, 5] per sample (n_i may be 0), on any device, each
@@ -120,7 +120,9 @@ concept KeepsGeometry = requires { requires !S::geometric; };
 
 /// uint8 (or uint16) -> float32 in [0, 1]; floating images pass unchanged.
 struct ToFloat {
-  static constexpr bool geometric = false;
+  static constexpr bool geometric = false;  ///< Moves no pixel: boxes pass it unchanged (KeepsGeometry).
+  /// The images as float32 in [0, 1]. Throws nitro::Error unless `x` is a batch [N, C, H, W] of
+  /// uint8, uint16 or floating values.
   at::Tensor operator()(const at::Tensor& x, const Keys&, int) const {
     detail::check_images(x, "ToFloat", false);
     if (x.is_floating_point()) return x;
@@ -137,9 +139,11 @@ static_assert(KeepsGeometry<ToFloat>);
 /// stages to a float rounding or two), into float32: on the CPU that is one pass where the two stages
 /// make four.
 struct Normalize {
-  static constexpr bool geometric = false;
-  std::vector<double> mean{0.485, 0.456, 0.406};
-  std::vector<double> std{0.229, 0.224, 0.225};
+  static constexpr bool geometric = false;  ///< Moves no pixel: boxes pass it unchanged (KeepsGeometry).
+  std::vector<double> mean{0.485, 0.456, 0.406};  ///< One mean per channel; ImageNet's RGB by default.
+  std::vector<double> std{0.229, 0.224, 0.225};   ///< One standard deviation (> 0) per channel; ImageNet's by default.
+  /// The normalised images, in x's floating dtype (float32 for uint8). Throws nitro::Error unless `x` is
+  /// a batch [N, C, H, W] of uint8 or floating values with one mean and one std (> 0) per channel.
   at::Tensor operator()(const at::Tensor& x, const Keys&, int) const {
     detail::check_images(x, "Normalize", x.scalar_type() != at::kByte);
     NITRO_CHECK(static_cast<int64_t>(mean.size()) == x.size(1) && mean.size() == std.size(),
@@ -160,13 +164,17 @@ static_assert(KeepsGeometry<Normalize>);
 
 /// Mirrors left-right with probability p; a flipped sample's boxes get cx -> 1 - cx.
 struct HFlip {
-  static constexpr bool geometric = true;
-  double p = 0.5;
+  static constexpr bool geometric = true;  ///< Moves pixels, and moves boxes with them (TransformsBoxes).
+  double p = 0.5;  ///< The probability that a sample is flipped, in [0, 1].
 
+  /// The images, each sample flipped or not by its own draw. Throws nitro::Error unless `x` is a batch
+  /// [N, C, H, W] and keys.index holds N indices.
   at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
     detail::check_images(x, "HFlip", false);
     return flip(x, flips(keys, x.size(0), stage));
   }
+  /// The images and their boxes, flipped together by the same draw. Throws nitro::Error as the call
+  /// above, or unless `boxes` has one [n_i, 5] tensor per sample.
   std::pair<at::Tensor, Boxes> operator()(const at::Tensor& x, const Boxes& boxes, const Keys& keys, int stage) const {
     detail::check_images(x, "HFlip", false);
     detail::check_boxes(boxes, x.size(0), "HFlip");
@@ -176,7 +184,9 @@ struct HFlip {
 
   /// Which samples flip (1) and which do not (0): the one draw that images and boxes share.
   [[nodiscard]] NITRO_INLINE std::vector<uint8_t> flips(const Keys& keys, int64_t n, int stage) const;
+  /// `x` with the samples whose `flips` entry is 1 mirrored left-right.
   NITRO_INLINE static at::Tensor flip(const at::Tensor& x, const std::vector<uint8_t>& flips);
+  /// `boxes` with cx -> 1 - cx for the samples whose `flips` entry is 1.
   NITRO_INLINE static Boxes flip_boxes(const Boxes& boxes, const std::vector<uint8_t>& flips);
 };
 static_assert(TransformsBoxes<HFlip>);
@@ -184,12 +194,16 @@ static_assert(TransformsBoxes<HFlip>);
 /// A quarter turn k in {0, 1, 2, 3} (counter-clockwise as seen on screen, as torch.rot90 over dims
 /// {2, 3}), uniform per sample. A box turns with its sample: for k = 1, (cx, cy, w, h) -> (cy, 1 - cx, h, w).
 struct Rotate90 {
-  static constexpr bool geometric = true;
+  static constexpr bool geometric = true;  ///< Moves pixels, and moves boxes with them (TransformsBoxes).
 
+  /// The images, each turned by its own draw. Throws nitro::Error unless `x` is a batch [N, C, H, W]
+  /// of square images and keys.index holds N indices.
   at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
     check(x);
     return turn(x, turns(keys, x.size(0), stage));
   }
+  /// The images and their boxes, turned together by the same draw. Throws nitro::Error as the call
+  /// above, or unless `boxes` has one [n_i, 5] tensor per sample.
   std::pair<at::Tensor, Boxes> operator()(const at::Tensor& x, const Boxes& boxes, const Keys& keys, int stage) const {
     check(x);
     detail::check_boxes(boxes, x.size(0), "Rotate90");
@@ -199,6 +213,7 @@ struct Rotate90 {
 
   /// Each sample's number of quarter turns: the one draw that images and boxes share.
   [[nodiscard]] NITRO_INLINE std::vector<int64_t> turns(const Keys& keys, int64_t n, int stage) const;
+  /// `x` with sample i turned ks[i] quarter turns (torch.rot90 over dims {2, 3}).
   NITRO_INLINE static at::Tensor turn(const at::Tensor& x, const std::vector<int64_t>& ks);
   /// rot90(k = 1) sends pixel (row y, column x) to (row W - 1 - x, column y): in fractions of the side,
   /// (x, y) -> (y, 1 - x).
@@ -214,11 +229,13 @@ static_assert(TransformsBoxes<Rotate90>);
 /// it; a box keeps its place when its part inside the crop has some area and at least `min_visibility`
 /// of its whole area, and is dropped otherwise.
 struct RandomResizedCrop {
-  static constexpr bool geometric = true;
-  int64_t height = 224;
-  int64_t width = 224;
-  double scale_min = 0.08, scale_max = 1.0;
-  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
+  static constexpr bool geometric = true;  ///< Moves pixels, and moves boxes with them (TransformsBoxes).
+  int64_t height = 224;  ///< Output height in pixels (>= 1).
+  int64_t width = 224;   ///< Output width in pixels (>= 1).
+  /// The least crop area, as a fraction of the image's area (> 0).
+  double scale_min = 0.08, scale_max = 1.0;  ///< The most crop area, as a fraction of the image's area (<= 1).
+  /// The least crop aspect ratio, width / height (> 0); the ratio is drawn log-uniform.
+  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;  ///< The most crop aspect ratio, width / height.
   /// The fraction of a box's area that must stay inside the crop for the box to be kept, in [0, 1].
   /// 0 (the default) drops only the boxes left with no area (outside the crop or on its border).
   double min_visibility = 0.0;
@@ -231,10 +248,14 @@ struct RandomResizedCrop {
   [[nodiscard]] NITRO_INLINE std::vector<std::array<int64_t, 4>> crops(const Keys& keys, int64_t n, int64_t H, int64_t W,
                                                           int stage) const;
 
+  /// The images, each sample's crop resampled to height x width. Throws nitro::Error unless `x` is a
+  /// floating batch [N, C, H, W], keys.index holds N indices and the options are in range.
   at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
     check(x);
     return resample(x, crops(keys, x.size(0), x.size(2), x.size(3), stage));
   }
+  /// The cropped images and each sample's boxes in its crop (see crop_boxes). Throws nitro::Error as the
+  /// call above, or unless `boxes` has one [n_i, 5] tensor per sample.
   std::pair<at::Tensor, Boxes> operator()(const at::Tensor& x, const Boxes& boxes, const Keys& keys, int stage) const {
     check(x);
     detail::check_boxes(boxes, x.size(0), "RandomResizedCrop");
@@ -262,9 +283,12 @@ static_assert(TransformsBoxes<RandomResizedCrop>);
 /// uniform in [-hue, hue] (hue <= 0.5, in turns of the colour wheel), applied in that order with
 /// torchvision's formulas (float RGB images in [0, 1]).
 struct ColorJitter {
-  static constexpr bool geometric = false;
-  double brightness = 0.0, contrast = 0.0, saturation = 0.0, hue = 0.0;
+  static constexpr bool geometric = false;  ///< Moves no pixel: boxes pass it unchanged (KeepsGeometry).
+  /// The spread a of the brightness factor (>= 0; 0: no change). Likewise contrast and saturation.
+  double brightness = 0.0, contrast = 0.0 /**< Contrast's spread (>= 0). */, saturation = 0.0 /**< Saturation's spread (>= 0). */, hue = 0.0;  ///< Hue shift's bound in turns, [0, 0.5].
 
+  /// The jittered images, each sample with its own factors. Throws nitro::Error unless `x` is a floating
+  /// batch [N, C, H, W], keys.index holds N indices and the options are in range.
   at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
     detail::check_images(x, "ColorJitter", true);
     NITRO_CHECK(brightness >= 0 && contrast >= 0 && saturation >= 0 && hue >= 0 && hue <= 0.5,
@@ -303,8 +327,10 @@ static_assert(KeepsGeometry<ColorJitter>);
 
 /// x + std * N(0, 1), the noise a function of (seed, epoch, index, stage, element): the same on any device.
 struct GaussianNoise {
-  static constexpr bool geometric = false;
-  double std = 0.05;
+  static constexpr bool geometric = false;  ///< Moves no pixel: boxes pass it unchanged (KeepsGeometry).
+  double std = 0.05;  ///< The noise's standard deviation, in the images' units (>= 0; 0.05 of a [0, 1] range by default).
+  /// The images with noise added. Throws nitro::Error unless `x` is a floating batch [N, C, H, W],
+  /// keys.index holds N indices and std >= 0.
   at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
     detail::check_images(x, "GaussianNoise", true);
     NITRO_CHECK(std >= 0, "data::augment::GaussianNoise: std must be >= 0, got ", std);
@@ -334,9 +360,12 @@ static_assert(KeepsGeometry<GaussianNoise>);
 /// Gaussian blur with an odd kernel and sigma uniform in [sigma_min, sigma_max], reflect padding
 /// (torchvision's gaussian_blur, as one grouped separable convolution for the batch).
 struct GaussianBlur {
-  static constexpr bool geometric = false;
-  int64_t kernel = 5;
-  double sigma_min = 0.1, sigma_max = 2.0;
+  static constexpr bool geometric = false;  ///< Moves no pixel: boxes pass it unchanged (KeepsGeometry).
+  int64_t kernel = 5;  ///< The kernel's side in pixels: odd, >= 1, less than twice the image's side.
+  /// The least sigma, in pixels (> 0).
+  double sigma_min = 0.1, sigma_max = 2.0;  ///< The most sigma, in pixels (>= sigma_min).
+  /// The blurred images, each sample with its own sigma. Throws nitro::Error unless `x` is a floating
+  /// batch [N, C, H, W], keys.index holds N indices and the options are in range.
   at::Tensor operator()(const at::Tensor& x, const Keys& keys, int stage) const {
     detail::check_images(x, "GaussianBlur", true);
     NITRO_CHECK(kernel >= 1 && kernel % 2 == 1, "data::augment::GaussianBlur: kernel must be odd and >= 1, got ", kernel);
@@ -369,6 +398,7 @@ template <class... Stages>
 class Compose {
  public:
   Compose() = default;
+  /// The stages, in the order they apply (each an Options aggregate: `{}` for its defaults).
   explicit Compose(Stages... stages) : stages_(std::move(stages)...) {}
 
   /// On the CPU the batch goes through in slices of about `cpu_slice_bytes` of float pixels (a few
@@ -416,6 +446,7 @@ class Compose {
   /// Bytes of float pixels per slice on the CPU (see operator()); 0 or less: the whole batch at once.
   int64_t cpu_slice_bytes = int64_t{2} << 20;
 
+  /// Stage I (0-based), as given.
   template <size_t I>
   [[nodiscard]] const auto& stage() const {
     return std::get<I>(stages_);

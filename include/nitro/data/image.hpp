@@ -68,15 +68,16 @@ namespace nitro::detail {
 
 namespace nitro::image {
 
+/// An encoded image's format, as sniff() and probe() tell it (unknown: neither JPEG nor PNG).
 enum class Format : std::uint8_t { unknown, jpeg, png };
 /// [C, H, W] (chw, what convolutions take) or [H, W, C] (hwc, how the files store pixels).
 enum class Layout : std::uint8_t { chw, hwc };
 
 /// What the file's header says.
 struct Info {
-  Format format = Format::unknown;
-  std::int64_t height = 0;
-  std::int64_t width = 0;
+  Format format = Format::unknown;  ///< JPEG or PNG.
+  std::int64_t height = 0;          ///< Full-size height in pixels.
+  std::int64_t width = 0;           ///< Full-size width in pixels.
   /// Colour components in the file: 1 grey, 3 colour, 4 CMYK/YCCK (JPEG); PNG: 1 grey, 2 grey and
   /// alpha, 3 colour or palette, 4 colour and alpha.
   int components = 0;
@@ -84,14 +85,15 @@ struct Info {
 
 /// A rectangle of the full-size image, in its pixels.
 struct Window {
-  std::int64_t top = 0;
-  std::int64_t left = 0;
-  std::int64_t height = 0;
-  std::int64_t width = 0;
+  std::int64_t top = 0;     ///< First row.
+  std::int64_t left = 0;    ///< First column.
+  std::int64_t height = 0;  ///< Rows (>= 1 for a crop).
+  std::int64_t width = 0;   ///< Columns (>= 1 for a crop).
 };
 
+/// How decode() and decode_into() decode: layout, crop, reduced size, size limit, speed.
 struct DecodeOptions {
-  Layout layout = Layout::chw;
+  Layout layout = Layout::chw;  ///< The result's layout: [3, H, W] (chw) or [H, W, 3] (hwc).
   /// Only this part of the image (in full-size pixels; inside the image, non-empty). The result is
   /// the window at the decoded scale: rows floor(top / s) to ceil((top + height) / s), likewise columns.
   std::optional<Window> crop = std::nullopt;
@@ -100,7 +102,7 @@ struct DecodeOptions {
   /// s x min_width: PIL's Image.draft's rule. 0 and 0: full size. The whole image is decoded at that
   /// scale (TurboJPEG 2 has no partial decoding); a crop is then cut from it.
   std::int64_t min_height = 0;
-  std::int64_t min_width = 0;
+  std::int64_t min_width = 0;  ///< The least width the reduction keeps (see min_height); both 0: full size.
   /// Refuse images of more pixels than this (width x height, before any reduction): a small file can
   /// claim a huge image. The default is where PIL raises DecompressionBombError (2 x MAX_IMAGE_PIXELS).
   std::int64_t max_pixels = 178'956'970;
@@ -250,13 +252,15 @@ NITRO_INLINE void decode_into(std::span<const std::uint8_t> bytes, const at::Ten
 /// read_file + decode, errors naming the file.
 [[nodiscard]] NITRO_INLINE at::Tensor read(const std::filesystem::path& path, const DecodeOptions& options = {});
 
+/// JPEG chroma subsampling: 4:4:4 (none), 4:2:2 (half the columns), 4:2:0 (half the columns and rows).
 enum class Subsampling : std::uint8_t { s444, s422, s420 };
 
+/// How encode_jpeg() encodes.
 struct JpegOptions {
   int quality = 90;  ///< 1..100
-  Subsampling subsampling = Subsampling::s420;
+  Subsampling subsampling = Subsampling::s420;  ///< Chroma subsampling of colour images (grey ones have none).
   Layout layout = Layout::chw;  ///< of the image given
-  bool progressive = false;
+  bool progressive = false;     ///< Write a progressive JPEG instead of a baseline one.
 };
 
 /// A uint8 RGB ([3, H, W] / [H, W, 3]) or grey ([1, H, W] / [H, W, 1]) image as JPEG bytes.

@@ -97,6 +97,7 @@ NITRO_INLINE std::string trim_slash(std::string s);
 
 }  // namespace detail::images
 
+/// Options of ImageFolder: which files are samples, whether empty classes are allowed, how get(i) decodes.
 struct ImageFolderOptions {
   /// Files with these endings (case-insensitive) are samples; torchvision's by default.
   std::vector<std::string> extensions = torchvision_extensions();
@@ -106,18 +107,27 @@ struct ImageFolderOptions {
   image::DecodeOptions decode = {};
 };
 
-/// root/<class>/**/<image>: torchvision.datasets.ImageFolder's classes and order.
+/// `root/<class>/**/<image>`: torchvision.datasets.ImageFolder's classes and order.
 class ImageFolder : public torch::data::datasets::Dataset<ImageFolder> {
  public:
+  /// Lists the classes (root's subfolders, sorted) and their files once; copies share the list.
+  /// Throws nitro::Error when root is not a folder, cannot be listed or has no class folder, or when a
+  /// class has no file with one of the extensions and options.allow_empty is false.
   NITRO_INLINE explicit ImageFolder(const std::filesystem::path& root, ImageFolderOptions options = {});
 
+  /// The root folder as given (without a trailing slash).
   [[nodiscard]] const std::string& root() const noexcept { return d_->root; }
+  /// The class names, sorted: label k is classes()[k].
   [[nodiscard]] const std::vector<std::string>& classes() const noexcept { return d_->classes; }
+  /// Each class name's label, as torchvision's class_to_idx.
   [[nodiscard]] const std::map<std::string, std::int64_t>& class_to_idx() const noexcept { return d_->class_to_idx; }
+  /// The number of samples (image files in all the classes).
   [[nodiscard]] std::optional<size_t> size() const override { return d_->paths.size(); }
   /// The path of sample i (root + "/" + class + "/" + ..., as torchvision's samples[i][0]).
   [[nodiscard]] const std::string& path(std::size_t i) const { return d_->paths.at(i); }
+  /// The name error messages and skipped_names() give sample i: its path.
   [[nodiscard]] const std::string& name(std::size_t i) const { return path(i); }
+  /// Sample i's class index (0 .. classes().size() - 1). Throws std::out_of_range past size().
   [[nodiscard]] std::int64_t label(std::size_t i) const { return d_->labels.at(i); }
   /// The file's bytes, read now.
   [[nodiscard]] std::vector<std::uint8_t> encoded(std::size_t i) const { return image::read_file(path(i)); }
@@ -136,6 +146,7 @@ class ImageFolder : public torch::data::datasets::Dataset<ImageFolder> {
   std::shared_ptr<Data> d_;  // copies (one per worker) share the list
 };
 
+/// Options of YoloDataset: which files are images, and how strictly label coordinates are checked.
 struct YoloOptions {
   /// The image files (case-insensitive endings): those Nitro decodes.
   std::vector<std::string> extensions = {".jpg", ".jpeg", ".png"};
@@ -147,14 +158,21 @@ struct YoloOptions {
 /// The Ultralytics layout: images/ and labels/ side by side, one `class cx cy w h` line per box.
 class YoloDataset {
  public:
+  /// Lists the images under root/images (or root itself, when it is an images folder) and reads every
+  /// label file once. Throws nitro::Error when root is not a folder, has no images/ folder, holds no
+  /// image, or a label file is unreadable or has a malformed line (the message names file:line).
   NITRO_INLINE explicit YoloDataset(const std::filesystem::path& root, YoloOptions options = {});
 
   /// Where an image's labels are: the last "/images/" of its path made "/labels/", the extension ".txt".
   [[nodiscard]] NITRO_INLINE static std::string label_path(const std::string& image_path);
 
+  /// The number of images.
   [[nodiscard]] std::size_t size() const noexcept { return d_->paths.size(); }
+  /// The path of image i, in sorted path order. Throws std::out_of_range past size().
   [[nodiscard]] const std::string& path(std::size_t i) const { return d_->paths.at(i); }
+  /// The name error messages and skipped_names() give image i: its path.
   [[nodiscard]] const std::string& name(std::size_t i) const { return path(i); }
+  /// The file's bytes, read now.
   [[nodiscard]] std::vector<std::uint8_t> encoded(std::size_t i) const { return image::read_file(path(i)); }
   /// Detection has no one class per image: -1.
   [[nodiscard]] std::int64_t label(std::size_t /*i*/) const noexcept { return -1; }
@@ -197,9 +215,9 @@ namespace sample {
 
 /// The key of one sample's draws: data/augment.hpp's generator for (seed, epoch, index, stage).
 struct Key {
-  std::uint64_t seed = 0;
-  std::int64_t epoch = 0;
-  std::int64_t index = 0;
+  std::uint64_t seed = 0;   ///< ImageBatchOptions::seed.
+  std::int64_t epoch = 0;   ///< The epoch set by set_epoch (0 before any).
+  std::int64_t index = 0;   ///< The sample's index in the data set.
 };
 /// The stage number of the per-sample geometry's draws (after it, a batched augment::Compose numbers
 /// its stages 0, 1, ...; this one cannot collide with them).
@@ -215,13 +233,17 @@ NITRO_INLINE image::DecodeOptions decode_options(bool draft, bool fast, std::int
 
 /// To height x width, the aspect not kept.
 struct Resize {
-  std::int64_t height = 224;
-  std::int64_t width = 224;
-  bool draft = true;
+  std::int64_t height = 224;  ///< Output height in pixels (>= 1).
+  std::int64_t width = 224;   ///< Output width in pixels (>= 1).
+  bool draft = true;  ///< Decode a JPEG at a reduced scale (1/2, 1/4, 1/8) that still covers the output.
   bool fast = false;  ///< libjpeg-turbo's fast IDCT and upsampling
 
+  /// {height, width} of every image this makes.
   [[nodiscard]] std::array<std::int64_t, 2> output_size() const { return {height, width}; }
+  /// Throws nitro::Error unless height and width are >= 1.
   NITRO_INLINE void validate() const;
+  /// Decodes `bytes` and resizes the image into `out` (uint8 [3, height, width]); boxes, being
+  /// fractions of the image, need no change. Throws nitro::Error, naming `name`, on a bad image.
   void operator()(std::span<const std::uint8_t> bytes, std::string_view name, const Key&, const at::Tensor& out,
                   at::Tensor* = nullptr) const {
     detail::resize_into(image::decode(bytes, detail::decode_options(draft, fast, height, width), name), out);
@@ -230,14 +252,19 @@ struct Resize {
 
 /// The shorter side to `resize` (torchvision's Resize(int)), then the centre height x width.
 struct ResizeCenterCrop {
-  std::int64_t resize = 256;
-  std::int64_t height = 224;
-  std::int64_t width = 224;
-  bool draft = true;
-  bool fast = false;
+  std::int64_t resize = 256;  ///< The shorter side's length after resizing, in pixels (>= height, width).
+  std::int64_t height = 224;  ///< Height of the centre crop, in pixels (>= 1).
+  std::int64_t width = 224;   ///< Width of the centre crop, in pixels (>= 1).
+  bool draft = true;  ///< Decode a JPEG at a reduced scale (1/2, 1/4, 1/8) that still covers the output.
+  bool fast = false;  ///< libjpeg-turbo's fast IDCT and upsampling
 
+  /// {height, width} of every image this makes.
   [[nodiscard]] std::array<std::int64_t, 2> output_size() const { return {height, width}; }
+  /// Throws nitro::Error unless height and width are >= 1 and at most resize.
   NITRO_INLINE void validate() const;
+  /// Decodes the window of `bytes` that becomes the centre crop and resizes it into `out` (uint8
+  /// [3, height, width]); boxes, if given, are moved with the crop. Throws nitro::Error, naming `name`,
+  /// on a bad image.
   void operator()(std::span<const std::uint8_t> bytes, std::string_view name, const Key&, const at::Tensor& out,
                   at::Tensor* boxes = nullptr) const {
     const auto info = image::probe(bytes, name);
@@ -256,17 +283,24 @@ struct ResizeCenterCrop {
 
 /// torchvision's RandomResizedCrop drawn per sample from its key; the crop picks the JPEG reduction.
 struct RandomResizedCrop {
-  std::int64_t height = 224;
-  std::int64_t width = 224;
-  double scale_min = 0.08, scale_max = 1.0;
-  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;
-  bool draft = true;
-  bool fast = false;
+  std::int64_t height = 224;  ///< Output height in pixels (>= 1).
+  std::int64_t width = 224;   ///< Output width in pixels (>= 1).
+  /// The least crop area, as a fraction of the image's area (> 0).
+  double scale_min = 0.08, scale_max = 1.0;  ///< The most crop area, as a fraction of the image's area (<= 1).
+  /// The least crop aspect ratio, width / height (> 0); the ratio is drawn log-uniform.
+  double ratio_min = 3.0 / 4.0, ratio_max = 4.0 / 3.0;  ///< The most crop aspect ratio, width / height.
+  bool draft = true;  ///< Decode a JPEG at a reduced scale (1/2, 1/4, 1/8) that still covers the output.
+  bool fast = false;  ///< libjpeg-turbo's fast IDCT and upsampling
 
+  /// {height, width} of every image this makes.
   [[nodiscard]] std::array<std::int64_t, 2> output_size() const { return {height, width}; }
+  /// Throws nitro::Error unless height, width >= 1, 0 < scale_min <= scale_max <= 1 and
+  /// 0 < ratio_min <= ratio_max.
   NITRO_INLINE void validate() const;
   /// Sample `key`'s crop of an h x w image: top, left, height, width (the draw augment:: makes).
   [[nodiscard]] NITRO_INLINE std::array<std::int64_t, 4> crop(const Key& key, std::int64_t h, std::int64_t w) const;
+  /// Decodes `key`'s crop of `bytes` and resizes it into `out` (uint8 [3, height, width]); boxes, if
+  /// given, are moved with the crop. Throws nitro::Error, naming `name`, on a bad image.
   void operator()(std::span<const std::uint8_t> bytes, std::string_view name, const Key& key, const at::Tensor& out,
                   at::Tensor* boxes = nullptr) const {
     const auto info = image::probe(bytes, name);
@@ -284,17 +318,22 @@ struct RandomResizedCrop {
 /// YOLO's letterbox: the longer side to `size` (only down unless scaleup), centred on a size x size
 /// canvas of `pad`; boxes (fractions of the image) become fractions of the canvas.
 struct Letterbox {
-  std::int64_t size = 640;
-  std::uint8_t pad = 114;
-  bool scaleup = true;
-  bool draft = true;
-  bool fast = false;
+  std::int64_t size = 640;  ///< The square canvas's side, in pixels (>= 1).
+  std::uint8_t pad = 114;   ///< The grey level of the canvas around the image.
+  bool scaleup = true;      ///< Enlarge images smaller than the canvas; false only shrinks.
+  bool draft = true;  ///< Decode a JPEG at a reduced scale (1/2, 1/4, 1/8) that still covers the output.
+  bool fast = false;  ///< libjpeg-turbo's fast IDCT and upsampling
 
+  /// {size, size}.
   [[nodiscard]] std::array<std::int64_t, 2> output_size() const { return {size, size}; }
+  /// Throws nitro::Error unless size >= 1.
   void validate() const { NITRO_CHECK(size >= 1, "data::sample::Letterbox: size must be >= 1; got ", size); }
   /// Where an h x w image lands: its resized height and width and the top and left padding (Ultralytics'
   /// LetterBox: r = min(size / h, size / w), the new size rounded, the padding split, round(d - 0.1)).
   [[nodiscard]] NITRO_INLINE std::array<std::int64_t, 4> placement(std::int64_t h, std::int64_t w) const;
+  /// Decodes `bytes`, fills `out` (uint8 [3, size, size]) with `pad` and resizes the image onto it at
+  /// placement(); boxes, if given, become fractions of the canvas. Throws nitro::Error, naming `name`,
+  /// on a bad image.
   void operator()(std::span<const std::uint8_t> bytes, std::string_view name, const Key&, const at::Tensor& out,
                   at::Tensor* boxes = nullptr) const {
     const auto info = image::probe(bytes, name);
@@ -325,6 +364,7 @@ concept SampleGeometry = std::copy_constructible<G> && requires(const G& g, std:
   g(b, std::string_view{}, k, out, boxes);
 };
 
+/// Options of ImageBatches and DetectionBatches.
 struct ImageBatchOptions {
   /// The seed of the per-sample draws (the random crops).
   std::uint64_t seed = 0;
@@ -335,9 +375,11 @@ struct ImageBatchOptions {
 /// A batch of detection samples: images uint8 [N, 3, h, w], one float [n_i, 5] boxes tensor each (as
 /// data/augment.hpp's Compose takes them), and the data-set indices.
 struct DetectionBatch {
-  at::Tensor data;
-  std::vector<at::Tensor> boxes;
-  at::Tensor index;
+  at::Tensor data;                ///< The images, uint8 [N, 3, h, w].
+  std::vector<at::Tensor> boxes;  ///< Sample k's boxes, float [n_k, 5] rows (class, cx, cy, w, h).
+  at::Tensor index;               ///< The samples' data-set indices, int64 [N].
+  /// A copy with `f` applied to every tensor (data, each boxes tensor, index): how Nitro moves the
+  /// batch between devices (nitro::map_tensors, core/device.hpp).
   template <class F>
   friend DetectionBatch nitro_map_tensors(const DetectionBatch& b, F&& f) {
     std::vector<at::Tensor> boxes;
@@ -423,9 +465,12 @@ class ImageBatches : public torch::data::datasets::BatchDataset<ImageBatches<Sou
   using Base = detail::images::Batcher<Source, Geometry>;
 
  public:
+  /// Batches of `source`'s images made by `geometry`. Throws nitro::Error when geometry.validate() does.
   ImageBatches(Source source, Geometry geometry, ImageBatchOptions options = {})
       : Base(std::move(source), std::move(geometry), options) {}
 
+  /// Decodes samples `indices` on the calling thread. Throws nitro::Error on an index past size(), or,
+  /// without skip_bad, on a file that cannot be decoded.
   RecordBatch get_batch(std::vector<size_t> indices) override {
     const auto n = static_cast<std::int64_t>(indices.size());
     auto data = this->images(n);
@@ -444,6 +489,7 @@ class ImageBatches : public torch::data::datasets::BatchDataset<ImageBatches<Sou
     if (kept < n) return {data.slice(0, 0, kept), target.slice(0, 0, kept), index.slice(0, 0, kept)};
     return {std::move(data), std::move(target), std::move(index)};
   }
+  /// The source's number of samples.
   [[nodiscard]] std::optional<size_t> size() const override { return detail::images::source_size(this->source_); }
 };
 
@@ -455,9 +501,13 @@ class DetectionBatches
   using Base = detail::images::Batcher<Source, Geometry>;
 
  public:
+  /// Batches of `source`'s images and boxes made by `geometry`. Throws nitro::Error when
+  /// geometry.validate() does.
   DetectionBatches(Source source, Geometry geometry, ImageBatchOptions options = {})
       : Base(std::move(source), std::move(geometry), options) {}
 
+  /// Decodes samples `indices` on the calling thread. Throws nitro::Error on an index past size(), or,
+  /// without skip_bad, on a file that cannot be decoded.
   DetectionBatch get_batch(std::vector<size_t> indices) override {
     const auto n = static_cast<std::int64_t>(indices.size());
     DetectionBatch b{this->images(n), {}, at::empty({n}, at::kLong)};
@@ -475,6 +525,7 @@ class DetectionBatches
     if (kept < n) b.data = b.data.slice(0, 0, kept), b.index = b.index.slice(0, 0, kept);
     return b;
   }
+  /// The source's number of samples.
   [[nodiscard]] std::optional<size_t> size() const override { return detail::images::source_size(this->source_); }
 };
 

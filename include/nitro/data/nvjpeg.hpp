@@ -185,14 +185,17 @@ class NvJpeg {
 
 #if NITRO_WITH_CUDA
   /// A decoder on `device` (a CUDA device; no index: the current one). A nitro::Error saying why when
-  /// nvJPEG is not available().
+  /// nvJPEG is not available(), or when `device` is not a CUDA device that exists.
   NITRO_INLINE explicit NvJpeg(c10::Device device = c10::Device(c10::kCUDA));
   NvJpeg(const NvJpeg&) = delete;
   NvJpeg& operator=(const NvJpeg&) = delete;
+  /// Takes over `o`'s decoder; `o` is left without one.
   NvJpeg(NvJpeg&& o) noexcept { swap(o); }
+  /// Releases this decoder and takes over `o`'s; `o` is left without one.
   NITRO_INLINE NvJpeg& operator=(NvJpeg&& o) noexcept;
   ~NvJpeg() { release(); }
 
+  /// The CUDA device decoded on (with its index).
   [[nodiscard]] c10::Device device() const noexcept { return device_; }
   /// The GPU's JPEG engines decode (A100, H100), rather than CUDA kernels.
   [[nodiscard]] bool hardware() const noexcept { return hardware_; }

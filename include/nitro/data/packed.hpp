@@ -125,15 +125,20 @@ struct Entry {
 /// Writes a packed file (see the top of this file).
 class PackedWriter {
  public:
+  /// What a PackedWriter's records carry, how checksums are grouped and whether it fsyncs.
   struct Options {
     /// Records per checksummed chunk, >= 1.
     int64_t chunk_records = 256;
-    PackedKind kind = PackedKind::classification;
+    PackedKind kind = PackedKind::classification;  ///< Labels (classification) or boxes (detection) per record.
     /// fsync before the rename (off only for scratch files).
     bool fsync = true;
   };
 
+  /// Starts a classification file at `path` with the default Options; see below.
   NITRO_INLINE explicit PackedWriter(const std::filesystem::path& path);
+  /// Starts a packed file, written under a temporary name next to `path` until close(). Throws
+  /// nitro::Error when chunk_records is out of range, kind is not a PackedKind, or the temporary file
+  /// cannot be created.
   NITRO_INLINE PackedWriter(const std::filesystem::path& path, Options options);
   PackedWriter(const PackedWriter&) = delete;
   PackedWriter& operator=(const PackedWriter&) = delete;
@@ -151,6 +156,7 @@ class PackedWriter {
   /// Writes the index, boxes, names and footer, fsyncs and renames the file into place.
   NITRO_INLINE void close();
 
+  /// Records written so far.
   [[nodiscard]] int64_t count() const noexcept { return count_; }
 
  private:
@@ -183,17 +189,22 @@ struct PackedFileOptions {
 /// by the shared_ptr open() returns, or through PackedImages).
 class PackedFile {
  public:
-  using Verify = PackedVerify;
-  using Options = PackedFileOptions;
+  using Verify = PackedVerify;        ///< When chunks are checked (PackedVerify).
+  using Options = PackedFileOptions;  ///< Options of open() (PackedFileOptions).
 
   /// Maps `path` and checks its header, footer, size and index (and every chunk with Verify::eager).
+  /// Throws nitro::Error naming the file and the problem when it cannot be opened or mapped, is not a
+  /// packed file, is truncated or damaged, or has a bad checksum.
   NITRO_INLINE static std::shared_ptr<PackedFile> open(const std::filesystem::path& path, Options options = {});
   PackedFile(const PackedFile&) = delete;
   PackedFile& operator=(const PackedFile&) = delete;
   NITRO_INLINE ~PackedFile();
 
+  /// The number of records.
   [[nodiscard]] int64_t size() const noexcept { return static_cast<int64_t>(entries_.size()); }
+  /// Whether records carry labels or boxes.
   [[nodiscard]] PackedKind kind() const noexcept { return kind_; }
+  /// The path the file was opened from.
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
 
   /// Record `i`'s encoded bytes, viewing the (read-only) mapping: valid while this file is alive.
@@ -240,15 +251,24 @@ class PackedFile {
 ///   auto x = nitro::image::decode(images.encoded(3));
 class PackedImages {
  public:
+  /// Opens `path` (PackedFile::open, which says what it throws).
   NITRO_INLINE explicit PackedImages(const std::filesystem::path& path, PackedFileOptions options = {});
+  /// A handle on an open file. Throws nitro::Error when file is null.
   NITRO_INLINE explicit PackedImages(std::shared_ptr<PackedFile> file);
 
+  /// The number of records.
   [[nodiscard]] int64_t size() const noexcept { return file_->size(); }
+  /// Whether records carry labels or boxes.
   [[nodiscard]] PackedKind kind() const noexcept { return file_->kind(); }
+  /// Record `i`'s encoded bytes, viewing the mapping (PackedFile::encoded).
   [[nodiscard]] std::span<const std::uint8_t> encoded(int64_t i) const { return file_->encoded(i); }
+  /// Record `i`'s label; -1 in a detection file (PackedFile::label).
   [[nodiscard]] int64_t label(int64_t i) const { return file_->label(i); }
+  /// Record `i`'s boxes, float32 [n, 5] (PackedFile::boxes; a nitro::Error in a classification file).
   [[nodiscard]] at::Tensor boxes(int64_t i) const { return file_->boxes(i); }
+  /// Record `i`'s name as written (PackedFile::name).
   [[nodiscard]] std::string name(int64_t i) const { return file_->name(i); }
+  /// The shared file.
   [[nodiscard]] const std::shared_ptr<PackedFile>& file() const noexcept { return file_; }
 
  private:

@@ -29,6 +29,8 @@
 
 namespace nitro {
 
+/// Stages a batch's CPU tensors in pinned memory from LibTorch's caching host allocator, and counts
+/// how often that allocator had to allocate (see the top of this header). CUDA builds only.
 class PinnedPool {
  public:
   /// A pinned tensor of `t`'s shape and dtype (contiguous) holding a copy of `t`.

@@ -76,8 +76,8 @@ struct StageContext {
 /// A stage after the read stage: a function of the previous stage's item, and its knobs.
 template <class F>
 struct Stage {
-  StageOptions options;
-  F fn;
+  StageOptions options;  ///< The stage's name, workers and queue.
+  F fn;                  ///< Called as fn(item) or fn(item, const StageContext&); returns the next item.
 };
 
 /// A stage: `nitro::data::stage({.name = "augment", .workers = 4}, [](Example b) { ...; return b; })`.
@@ -133,14 +133,22 @@ struct Ring {
 };
 }  // namespace detail
 
+/// Batches made in stages, each with its own workers and a bounded queue, delivered in the source's
+/// order (see the top of this header); make one with data::pipeline(). Not copyable; movable.
+/// \tparam Source the read stage: a PrefetchSource (from_dataset, from_loader) or a callable returning
+///         std::optional<Batch>.
+/// \tparam Fs the later stages' functions, in order.
 template <class Source, class... Fs>
 class Pipeline {
  public:
+  /// The read stage as a PrefetchSource (a callable is wrapped in a CallableSource).
   using source_type = as_prefetch_source_t<Source>;
   static_assert(PrefetchSource<source_type>,
                 "nitro::data::Pipeline: the read stage must be a source of data/source.hpp (from_dataset, "
                 "from_loader) or a callable returning std::optional<Batch>");
+  /// The items' types stage by stage: std::tuple of the read stage's batch, then each function's result.
   using types = typename detail::stage_types<std::tuple<>, typename source_type::batch_type, Fs...>::type;
+  /// The number of stages, the read stage included.
   static constexpr std::size_t stage_count = sizeof...(Fs) + 1;
   /// What the consumer gets: the last stage's item.
   using batch_type = std::tuple_element_t<stage_count - 1, types>;
@@ -148,13 +156,16 @@ class Pipeline {
                 "nitro::data::Pipeline: the last stage must return a Batch (a tensor, a torch::data::Example, a "
                 "tuple or vector of them, or a type with nitro_map_tensors)");
   // As a PrefetchSource: claim() hands out finished items in order, produce() passes them on.
-  using ticket_type = batch_type;
-  static constexpr bool parallel = false;
+  using ticket_type = batch_type;          ///< A claim is the finished item itself.
+  static constexpr bool parallel = false;  ///< Read by one prefetcher worker: the stages have their own.
 
+  /// Starts every stage's workers, which begin reading epoch 0 at once. Throws nitro::Error when a
+  /// stage has workers or queue 0.
   Pipeline(Source source, StageOptions read, Stage<Fs>... stages)
       : impl_(std::make_unique<Impl>(std::move(source), std::move(read), std::move(stages)...)) {
     impl_->start();
   }
+  /// Takes over `other`'s workers; `other` is left empty (only destroyable).
   Pipeline(Pipeline&&) noexcept = default;
   Pipeline& operator=(Pipeline&&) = delete;
   Pipeline(const Pipeline&) = delete;
@@ -173,6 +184,7 @@ class Pipeline {
 
   /// PrefetchSource: the next finished item (blocks), not yet reported delivered.
   std::optional<ticket_type> claim() { return impl_->take(); }
+  /// PrefetchSource: hands back the item claim() took.
   batch_type produce(ticket_type&& item) { return std::move(item); }
   /// The consumer received the oldest item claimed (forwarded to the source's sampler).
   void delivered() {
@@ -191,6 +203,7 @@ class Pipeline {
     NITRO_CHECK(epoch >= 0, "nitro::data::Pipeline::set_epoch: epoch is ", epoch, "; give one >= 0");
     impl_->restart(epoch);
   }
+  /// The epoch being read (0 until set_epoch).
   [[nodiscard]] std::int64_t epoch() const {
     std::lock_guard guard(impl_->mutex);
     return impl_->epoch;
@@ -198,13 +211,16 @@ class Pipeline {
 
   /// Each stage's time and the consumer's waits since the pipeline was made or reset_stats().
   [[nodiscard]] PipelineStats stats() const { return impl_->read_stats(); }
+  /// Zeroes the stats and restarts their clock.
   void reset_stats() { impl_->reset_stats(); }
   /// Worker threads, all stages together (started when the pipeline is made).
   [[nodiscard]] std::size_t threads_started() const noexcept { return impl_->threads.size(); }
 
   /// Range-for over the rest of this epoch.
   using Iterator = ::nitro::detail::PullIterator<Pipeline>;
+  /// Takes the first item of the rest of this epoch (blocks; may rethrow a stage's error).
   Iterator begin() { return Iterator(this); }
+  /// The end of the epoch.
   std::default_sentinel_t end() { return {}; }
 
  private:

@@ -112,18 +112,28 @@ struct PrefetchOptions {
   std::optional<c10::Device> device{};
 };
 
+/// Makes the next batches on background workers and, for Prefetcher<Cuda>, copies them to the GPU on
+/// a copy stream, before the consumer asks (see the top of this header). Not copyable or movable.
+/// \tparam Device Cpu, Cuda, or Auto (the device chosen at run time from Options::device).
+/// \tparam Source a PrefetchSource (from_dataset, from_loader, a data::Pipeline) or a callable
+///         returning std::optional<Batch>.
 template <DeviceTag Device, class Source>
 class Prefetcher {
  public:
+  /// The source as a PrefetchSource (a callable is wrapped in a CallableSource).
   using source_type = as_prefetch_source_t<Source>;
   static_assert(PrefetchSource<source_type>,
                 "nitro::Prefetcher: Source must be a callable returning std::optional<Batch>, or a source of "
                 "data/source.hpp (from_loader, from_dataset); a user batch type needs the customization point "
                 "nitro_map_tensors (core/device.hpp)");
-  using batch_type = typename source_type::batch_type;
-  using Options = PrefetchOptions<batch_type>;
+  using batch_type = typename source_type::batch_type;  ///< What next() returns: the source's batch.
+  using Options = PrefetchOptions<batch_type>;          ///< The knobs (PrefetchOptions).
 
+  /// A prefetcher with the default Options; see below.
   explicit Prefetcher(Source source) : Prefetcher(std::move(source), Options{}) {}
+  /// Starts the workers, which begin reading the first epoch at once. Throws nitro::Error when depth
+  /// or workers is 0, when the device is not of Device's kind (Cpu, Cuda), or when a CUDA device is
+  /// asked for where none is available or in a build without CUDA.
   Prefetcher(Source source, Options options) : source_(std::move(source)), o_(std::move(options)) {
     detail::check_library_version();
     NITRO_CHECK(o_.depth >= 1, "nitro::Prefetcher: depth is 0; give the number of batches to make ahead, >= 1");
@@ -227,9 +237,12 @@ class Prefetcher {
 
   /// Range-for: `for (auto& batch : prefetcher)`. One pass; the iterator owns the current batch.
   using Iterator = detail::PullIterator<Prefetcher>;
+  /// Takes the first batch of the rest of this epoch (blocks; may rethrow the source's error).
   Iterator begin() { return Iterator(this); }
+  /// The end of the epoch.
   std::default_sentinel_t end() { return {}; }
 
+  /// The options the prefetcher was made with.
   [[nodiscard]] const Options& options() const noexcept { return o_; }
   /// The source (e.g. a data::Pipeline, for its stats()). Changing its position while the workers
   /// read it is the prefetcher's job: use set_epoch.
@@ -248,6 +261,7 @@ class Prefetcher {
     return c10::Device(c10::kCPU);
   }
 #if NITRO_WITH_CUDA
+  /// The pool that stages CPU tensors in pinned memory (with pin_memory), for its counts.
   [[nodiscard]] const PinnedPool& pinned_pool() const noexcept { return pool_; }
   /// Prefetcher<Cuda>, and Prefetcher<Auto> on a GPU: the stream the copies (and the transform) run
   /// on. Throws nitro::Error for a Prefetcher<Auto> on the CPU, which has none.

@@ -65,9 +65,9 @@ namespace nitro::data {
 
 /// One field of a record: a name, a dtype and a fixed shape ({} for a scalar).
 struct RecordField {
-  std::string name;
-  c10::ScalarType dtype = c10::ScalarType::Byte;
-  std::vector<int64_t> shape;
+  std::string name;  ///< 1 to 31 characters, stored in the header.
+  c10::ScalarType dtype = c10::ScalarType::Byte;  ///< A plain integer, bool or floating dtype.
+  std::vector<int64_t> shape;  ///< The field's shape in every record, at most 8 dimensions; {} for a scalar.
 };
 
 namespace detail::rec {
@@ -119,6 +119,7 @@ NITRO_INLINE void check_fields(const std::vector<RecordField>& fields);
 /// Writes a record file (see the top of this file). Every record is checked against the fields.
 class RecordWriter {
  public:
+  /// How a RecordWriter groups checksums and whether it fsyncs.
   struct Options {
     /// Records per checksummed chunk, >= 1.
     int64_t chunk_records = 1024;
@@ -126,7 +127,11 @@ class RecordWriter {
     bool fsync = true;
   };
 
+  /// Starts a record file of `fields` (1 to 16) at `path`, with the default Options; see below.
   NITRO_INLINE RecordWriter(const std::filesystem::path& path, std::vector<RecordField> fields);
+  /// Starts a record file of `fields` (1 to 16), written under a temporary name next to `path` until
+  /// close(). Throws nitro::Error on a bad field (name, dtype, shape, a record over 4 GiB), on
+  /// chunk_records < 1, or when the temporary file cannot be created.
   NITRO_INLINE RecordWriter(const std::filesystem::path& path, std::vector<RecordField> fields, Options options);
   RecordWriter(const RecordWriter&) = delete;
   RecordWriter& operator=(const RecordWriter&) = delete;
@@ -140,6 +145,7 @@ class RecordWriter {
   /// Writes the footer, fsyncs and renames the file into place. Records written so far: count().
   NITRO_INLINE void close();
 
+  /// Records written so far.
   [[nodiscard]] int64_t count() const noexcept { return count_; }
 
  private:
@@ -166,17 +172,22 @@ struct RecordFileOptions {
 /// A mapped record file (see the top of this file). Thread-safe for reading.
 class RecordFile : public std::enable_shared_from_this<RecordFile> {
  public:
-  using Verify = RecordVerify;
-  using Options = RecordFileOptions;
+  using Verify = RecordVerify;        ///< When chunks are checked (RecordVerify).
+  using Options = RecordFileOptions;  ///< Options of open() (RecordFileOptions).
 
-  /// Maps `path` and checks its header, footer and size (and every chunk with Verify::eager).
+  /// Maps `path` and checks its header, footer and size (and every chunk with Verify::eager). Throws
+  /// nitro::Error naming the problem when the file cannot be opened or mapped, is not a record file,
+  /// is truncated, or has a bad checksum.
   NITRO_INLINE static std::shared_ptr<RecordFile> open(const std::filesystem::path& path, Options options = {});
   RecordFile(const RecordFile&) = delete;
   RecordFile& operator=(const RecordFile&) = delete;
   NITRO_INLINE ~RecordFile();
 
+  /// The number of records.
   [[nodiscard]] int64_t size() const noexcept { return count_; }
+  /// The fields of every record, as written.
   [[nodiscard]] const std::vector<RecordField>& fields() const noexcept { return fields_; }
+  /// Bytes one record takes in the file (its fields, each 8-byte aligned).
   [[nodiscard]] uint64_t record_bytes() const noexcept { return record_bytes_; }
   /// The mapping, for checks that a view lies inside it.
   [[nodiscard]] NITRO_INLINE std::span<const std::byte> mapping() const noexcept;
@@ -222,9 +233,13 @@ class RecordFile : public std::enable_shared_from_this<RecordFile> {
 ///   auto loader = torch::data::make_data_loader(RecordDataset(file).map(Stack<>()), 64);
 class RecordDataset : public torch::data::datasets::Dataset<RecordDataset> {
  public:
+  /// A data set over `file`. Throws nitro::Error when file is null.
   NITRO_INLINE explicit RecordDataset(std::shared_ptr<RecordFile> file);
+  /// Record `index` as {field 0, field 1}, views of the mapping. Throws nitro::Error past size().
   NITRO_INLINE torch::data::Example<> get(size_t index) override;
+  /// The number of records.
   [[nodiscard]] std::optional<size_t> size() const override { return static_cast<size_t>(file_->size()); }
+  /// The file read.
   [[nodiscard]] const std::shared_ptr<RecordFile>& file() const noexcept { return file_; }
 
  private:
@@ -240,6 +255,8 @@ struct RecordBatch {
   at::Tensor target;
   /// The samples' indices in the file, int64 [N].
   at::Tensor index;
+  /// A copy with `f` applied to data, target and index: how Nitro moves the batch between devices
+  /// (nitro::map_tensors, core/device.hpp).
   template <class F>
   friend RecordBatch nitro_map_tensors(const RecordBatch& b, F&& f) {
     return {f(b.data), f(b.target), f(b.index)};
@@ -252,9 +269,15 @@ struct RecordBatch {
 class RecordBatches
     : public torch::data::datasets::BatchDataset<RecordBatches, RecordBatch, std::vector<size_t>> {
  public:
+  /// A batch data set over `file`, which must have one or two fields. Throws nitro::Error when file is
+  /// null or has more than two fields (read those with RecordFile::read_into).
   NITRO_INLINE explicit RecordBatches(std::shared_ptr<RecordFile> file);
+  /// Records `indices` copied into one batch (CPU, contiguous). Throws nitro::Error on an index past
+  /// size() or a chunk whose checksum fails.
   NITRO_INLINE RecordBatch get_batch(std::vector<size_t> indices) override;
+  /// The number of records.
   [[nodiscard]] std::optional<size_t> size() const override { return static_cast<size_t>(file_->size()); }
+  /// The file read.
   [[nodiscard]] const std::shared_ptr<RecordFile>& file() const noexcept { return file_; }
 
  private:

@@ -49,15 +49,17 @@ namespace nitro::data {
 /// The whole state of a ResumableSampler: epoch `epoch` of the order drawn from `seed`, of which the
 /// first `index` samples were delivered to the consumer.
 struct SamplerState {
-  std::uint64_t seed = 0;
-  std::int64_t epoch = 0;
-  /// Samples already delivered to the consumer in this epoch, in [0, size].
+  std::uint64_t seed = 0;  ///< The seed every epoch's order is drawn from.
+  std::int64_t epoch = 0;  ///< The current epoch (>= 0).
+  /// Samples already delivered to the consumer in this epoch, in [0, size] (with shards, in [0, the
+  /// shard's length()]).
   std::int64_t index = 0;
-  std::int64_t size = 0;
-  bool shuffle = true;
+  std::int64_t size = 0;   ///< Samples in the data set; a state loads only into a sampler of this size.
+  bool shuffle = true;     ///< false: each epoch reads 0, 1, ..., size - 1.
   /// Readers sharing each epoch's order (dist::DistributedSampler: the world size); 1 when alone. A
   /// state resumes only into a sampler with as many shards.
   std::int64_t shards = 1;
+  /// Field-wise equality.
   friend bool operator==(const SamplerState&, const SamplerState&) = default;
 };
 
@@ -92,6 +94,7 @@ class SplitMix64 {
 ///   nitro::data::ResumableSampler again(n); again.load_state(s);  // reads on from the next batch
 class ResumableSampler : public torch::data::samplers::Sampler<> {
  public:
+  /// How a ResumableSampler orders and shards each epoch.
   struct Options {
     /// Seed of every epoch's order.
     std::uint64_t seed = 0;
@@ -103,14 +106,19 @@ class ResumableSampler : public torch::data::samplers::Sampler<> {
     /// to a multiple of `shards` (every shard reads ceil(size / shards) samples, as PyTorch's
     /// DistributedSampler), or cut to one (drop_last: floor(size / shards)).
     std::int64_t shard = 0;
-    std::int64_t shards = 1;
-    bool drop_last = false;
+    std::int64_t shards = 1;   ///< The number of shards (>= 1); 1 reads the whole epoch.
+    bool drop_last = false;    ///< Cut each epoch's order to a multiple of shards instead of padding it.
   };
 
+  /// A sampler over `size` samples (>= 1) with the default Options, at epoch 0, index 0. Throws
+  /// nitro::Error when size is 0.
   NITRO_INLINE explicit ResumableSampler(std::size_t size);
+  /// A sampler over `size` samples (>= 1) at epoch 0, index 0. Throws nitro::Error when size is 0, when
+  /// shard is not in [0, shards), or when drop_last leaves each shard no sample (size < shards).
   NITRO_INLINE ResumableSampler(std::size_t size, Options options);
-  // Copies share the state; a move copies too, so that no handle is ever left without a state.
+  /// Copies share the state; a move copies too, so that no handle is ever left without a state.
   ResumableSampler(const ResumableSampler&) = default;
+  /// Makes this a handle on `other`'s state (shared, as a copy's).
   ResumableSampler& operator=(const ResumableSampler&) = default;
   ~ResumableSampler() override = default;
 
@@ -132,7 +140,9 @@ class ResumableSampler : public torch::data::samplers::Sampler<> {
 
   /// Selects epoch `epoch`'s order (from the seed) and restarts it at index 0.
   NITRO_INLINE void set_epoch(std::int64_t epoch);
+  /// The current epoch.
   [[nodiscard]] NITRO_INLINE std::int64_t epoch() const;
+  /// Samples in the data set (the size given, or the last reset()'s).
   [[nodiscard]] NITRO_INLINE std::size_t size() const;
   /// Samples this sampler reads per epoch: size(), or its shard's share (see Options::shards).
   [[nodiscard]] NITRO_INLINE std::size_t length() const;
@@ -141,8 +151,8 @@ class ResumableSampler : public torch::data::samplers::Sampler<> {
   [[nodiscard]] NITRO_INLINE SamplerState state() const;
 
   /// Continues from `saved`: the next batch starts at its index. Throws nitro::Error naming the field
-  /// and changes nothing if it does not fit this sampler (another size, an index outside [0, size], a
-  /// negative epoch). The next reset() keeps this position.
+  /// and changes nothing if it does not fit this sampler (another size or number of shards, an index
+  /// outside [0, length()], a negative epoch). The next reset() keeps this position.
   NITRO_INLINE void load_state(const SamplerState& saved);
 
   /// Throws what load_state(saved) would throw, changing nothing.
@@ -157,6 +167,7 @@ class ResumableSampler : public torch::data::samplers::Sampler<> {
   /// Deferred delivery (from_dataset turns it on): next() only claims; delivered() and rewind() say
   /// what became of the claimed batches. Switching drops the claimed, undelivered batches.
   NITRO_INLINE void defer_delivery(bool on);
+  /// Whether deferred delivery is on (see defer_delivery).
   [[nodiscard]] NITRO_INLINE bool delivery_deferred() const;
 
   /// Deferred delivery: the oldest claimed batch reached the consumer; the delivered index moves past it.

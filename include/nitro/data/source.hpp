@@ -45,12 +45,15 @@ concept PrefetchSource = requires(S& s) {
 template <BatchSource F>
 class CallableSource {
  public:
-  using batch_type = source_batch_t<F>;
-  using ticket_type = batch_type;
-  static constexpr bool parallel = false;
+  using batch_type = source_batch_t<F>;  ///< The batch the callable returns (inside its std::optional).
+  using ticket_type = batch_type;         ///< A claim is the batch itself.
+  static constexpr bool parallel = false;  ///< One worker: each call depends on the last.
 
+  /// A source calling `f` for each batch.
   explicit CallableSource(F f) : f_(std::move(f)) {}
+  /// Calls f: its batch, or nothing when the epoch ended. What f throws reaches the consumer.
   std::optional<ticket_type> claim() { return std::invoke(f_); }
+  /// Hands back the batch claim() made.
   batch_type produce(ticket_type&& batch) { return std::move(batch); }
 
  private:
@@ -100,22 +103,25 @@ class LoaderSource {
   using Internals = detail::LoaderInternals<Loader>;
 
  public:
-  using batch_type = std::remove_cvref_t<decltype(*std::declval<Iterator&>())>;
-  using ticket_type = batch_type;
-  static constexpr bool parallel = false;
+  using batch_type = std::remove_cvref_t<decltype(*std::declval<Iterator&>())>;  ///< The loader's batch.
+  using ticket_type = batch_type;          ///< A claim is the batch itself.
+  static constexpr bool parallel = false;  ///< One worker: the loader has its own.
   static_assert(Batch<batch_type>,
                 "nitro::LoaderSource: the loader's batches must be a Batch (a tensor, tuple, torch::data::Example, "
                 "a vector of them, or a type with nitro_map_tensors; see core/device.hpp). Map the data set with "
                 "torch::data::transforms::Stack<>() to get an Example of stacked tensors");
 
+  /// A source reading `loader` (borrowed); the pass begins at the first claim.
   explicit LoaderSource(Loader& loader) : loader_(&loader) {}
   LoaderSource(const LoaderSource&) = delete;  // two readers of one pass
   LoaderSource& operator=(const LoaderSource&) = delete;
+  /// Takes over `other`'s pass; `other` is left with none.
   LoaderSource(LoaderSource&& other) noexcept
       : loader_(other.loader_),
         it_(std::exchange(other.it_, std::nullopt)),
         advance_(std::exchange(other.advance_, false)),
         open_(std::exchange(other.open_, false)) {}
+  /// Ends this source's pass, then takes over `other`'s; `other` is left with none.
   LoaderSource& operator=(LoaderSource&& other) noexcept {
     if (this != &other) {
       end_pass_quietly();
@@ -153,6 +159,7 @@ class LoaderSource {
     advance_ = true;
     return b;
   }
+  /// Hands back the batch claim() took from the loader.
   batch_type produce(ticket_type&& batch) { return std::move(batch); }
   /// A new epoch: the pass being read is ended and the loader is begun again at the next claim (its
   /// own sampler decides the order; `epoch` is not used).
@@ -199,15 +206,19 @@ LoaderSource<Loader> from_loader(Loader& loader) {
 template <class Dataset, class Sampler>
 class DatasetSource {
  public:
-  using batch_type = typename Dataset::BatchType;
-  using ticket_type = typename Sampler::BatchRequestType;
-  static constexpr bool parallel = true;
+  using batch_type = typename Dataset::BatchType;           ///< What the data set's get_batch returns.
+  using ticket_type = typename Sampler::BatchRequestType;  ///< A claim: the sampler's batch of indices.
+  static constexpr bool parallel = true;  ///< produce() runs on several workers at once.
   static_assert(Batch<batch_type>,
                 "nitro::DatasetSource: the data set's get_batch must return a Batch (e.g. map the data set with "
                 "torch::data::transforms::Stack<>(), or return a torch::data::Example of stacked tensors)");
   static_assert(std::copy_constructible<Dataset>,
                 "nitro::DatasetSource: the data set must be copyable: each worker reads its own copy");
 
+  /// Reads `dataset` in `batch_size` batches of `sampler`'s indices (a deferring sampler is switched to
+  /// deferred delivery) and resets the sampler to the data set's size. Throws nitro::Error when
+  /// batch_size is 0, or what the sampler's reset throws (ResumableSampler: a resumed position whose
+  /// size is not the data set's).
   DatasetSource(Dataset dataset, Sampler sampler, std::size_t batch_size)
       : dataset_(std::make_shared<Dataset>(std::move(dataset))), sampler_(std::move(sampler)), batch_size_(batch_size) {
     NITRO_CHECK(batch_size_ > 0, "nitro::DatasetSource: batch_size is 0; give the number of samples per batch");
@@ -215,6 +226,8 @@ class DatasetSource {
     sampler_.reset(dataset_->size());
   }
 
+  /// The sampler's next `batch_size` indices, or nothing when the epoch ended. First brings an
+  /// epoch-keyed data set (data::ImageBatches) to the sampler's epoch.
   std::optional<ticket_type> claim() {
     // A data set keyed by the epoch (data::ImageBatches' random crops) follows the sampler's, which a
     // resumed sampler may have moved past 0 where Prefetcher::set_epoch of that same epoch changes nothing.

@@ -20,13 +20,13 @@ namespace nitro::data {
 
 /// One stage's time, summed over its workers, since the pipeline was made (or reset_stats()).
 struct StageStats {
-  std::string name;
-  std::size_t workers = 1;
+  std::string name;         ///< The stage's name (StageOptions::name, or its default).
+  std::size_t workers = 1;  ///< The stage's worker threads.
   /// Capacity of the queue after the stage (items).
   std::size_t queue = 0;
   /// Items the stage finished.
   std::int64_t items = 0;
-  double busy_s = 0;
+  double busy_s = 0;  ///< Seconds spent running the stage (its function, or the source's claim and produce).
   /// Waiting for the stage before (for the read stage: for its turn to claim, one worker at a time).
   double wait_input_s = 0;
   /// Waiting for room in the queue after it (for the read stage: for room before claiming).
@@ -40,7 +40,7 @@ struct StageStats {
 
 /// A pipeline's stages, in order, and its consumer's waits.
 struct PipelineStats {
-  std::vector<StageStats> stages;
+  std::vector<StageStats> stages;  ///< One entry per stage, the read stage first.
   /// Time the consumer (the training loop, or the prefetcher on top) waited for the next item.
   double consumer_wait_s = 0;
   /// Wall time the figures cover.

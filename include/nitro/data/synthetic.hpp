@@ -40,41 +40,48 @@
 
 namespace nitro::data {
 
+/// An image-classification data set computed from a seed: deterministic, random access, no download
+/// (see the top of this header).
 class SyntheticImages : public torch::data::datasets::Dataset<SyntheticImages> {
  public:
   /// Bounds of the pixel values: low < high, both finite.
   struct Range {
-    double low = 0;
-    double high = 1;
+    double low = 0;   ///< The smallest pixel value.
+    double high = 1;  ///< The largest pixel value.
   };
 
+  /// The data set's size, shape, difficulty, seed and pixel range.
   struct Options {
     /// Number of samples.
     std::int64_t size = 10'000;
     /// Index of the first sample: splits with the same seed and disjoint ranges share no sample.
     std::int64_t offset = 0;
-    std::int64_t classes = 10;
-    std::int64_t channels = 3;
-    std::int64_t height = 32;
-    std::int64_t width = 32;
+    std::int64_t classes = 10;   ///< Number of classes, >= 2; labels are 0 .. classes - 1.
+    std::int64_t channels = 3;   ///< Channels of each image, >= 1.
+    std::int64_t height = 32;    ///< Image height in pixels, >= 1.
+    std::int64_t width = 32;     ///< Image width in pixels, >= 1.
     /// Side of the prototype's square blocks in pixels; must divide height and width.
     std::int64_t block = 4;
     /// Largest shift of the prototype in pixels, each axis, either way.
     std::int64_t max_shift = 2;
     /// Standard deviation of the added noise relative to the prototypes' (1): 0 is trivial, 10 is hard.
     double noise = 1.0;
-    std::uint64_t seed = 0;
+    std::uint64_t seed = 0;  ///< Seed of the prototypes and of every sample.
     /// Pixels in [low, high], spread nearly uniformly (see the top of this header); unset: unbounded,
     /// mean 0 and variance about 1.
     std::optional<Range> range{};
   };
 
+  /// Makes the class prototypes. Throws nitro::Error on an option out of range (size or offset < 0,
+  /// classes < 2, an empty image, a block that does not divide height and width, max_shift outside
+  /// [0, min(height, width)), noise < 0, a range not finite with low < high).
   NITRO_INLINE explicit SyntheticImages(Options options);
 
   /// Sample `index` (0-based within this data set): a float image [channels, height, width] (in the
   /// range, when one is set) and an int64 scalar label.
   NITRO_INLINE torch::data::Example<> get(size_t index) override;
 
+  /// Options::size.
   std::optional<size_t> size() const override { return static_cast<size_t>(o_.size); }
 
   /// Samples [begin, end) stacked: images [n, C, H, W] and labels [n].
@@ -83,6 +90,7 @@ class SyntheticImages : public torch::data::datasets::Dataset<SyntheticImages> {
   /// The class prototypes [classes, C, H, W] (what a perfect classifier would match against), before
   /// any range is applied.
   const at::Tensor& prototypes() const noexcept { return prototypes_; }
+  /// The options the data set was made with.
   const Options& options() const noexcept { return o_; }
 
  private:

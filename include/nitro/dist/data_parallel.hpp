@@ -78,10 +78,15 @@ namespace nitro::dist {
 
 /// No data parallelism: a hook without members, so the loop calls nothing.
 struct Local {
+  /// The policy family this belongs to (a hook of TrainingLoop).
   using family = nitro::family::Hook;
+  /// Name shown in reports (the same as DataParallel's: a loop has one or the other).
   static constexpr std::string_view name = "dist";
+  /// Off: the loop never calls it.
   static constexpr bool enabled = false;
+  /// No knobs.
   struct Options {};
+  /// Made by the loop; does nothing.
   explicit Local(const Options&) noexcept {}
 };
 
@@ -119,14 +124,19 @@ inline std::atomic<std::int64_t> data_parallel_started{0};
 /// Data parallelism over a ProcessGroup, as a TrainingLoop hook policy; see the top of this header.
 class DataParallel {
  public:
+  /// The policy family this belongs to (a hook of TrainingLoop).
   using family = nitro::family::Hook;
+  /// Name shown in reports, and the key of its state (the world size) in snapshots.
   static constexpr std::string_view name = "dist";
+  /// On: the loop calls its hooks.
   static constexpr bool enabled = true;
+  /// The knobs.
   struct Options {
     /// The processes training together (required).
     std::optional<ProcessGroup> group;
-    /// Bucket size in MiB (DDP's bucket_cap_mb), and the first bucket's (DDP's 1 MiB).
+    /// Bucket size in MiB (DDP's bucket_cap_mb), in (0, 65536].
     double bucket_mib = 25.0;
+    /// The first bucket's size in MiB, in (0, bucket_mib] (DDP's 1 MiB).
     double first_bucket_mib = 1.0;
     /// Broadcast rank 0's buffers before the forward that follows a synchronised one (DDP's broadcast_buffers).
     bool broadcast_buffers = true;
@@ -136,10 +146,16 @@ class DataParallel {
     bool find_unused_parameters = false;
   };
 
+  /// Throws nitro::Error when group is not set, bucket_mib is not in (0, 65536], or first_bucket_mib is
+  /// not in (0, bucket_mib].
   NITRO_INLINE explicit DataParallel(const Options& options);
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
+  /// Hook, called by the loop before each forward: at the first step compares the ranks' models,
+  /// broadcasts rank 0's parameters and buffers and makes the Reducer; then prepares a synchronised step
+  /// at the last micro-batch of a window and broadcasts rank 0's buffers. Throws nitro::Error when the
+  /// models differ, a collective fails, or find_unused_parameters meets a checkpoint policy.
   template <class Loop>
   void on_step_begin(Loop& loop) {
     static_assert(!detail_has_runner<Loop>(), "dist::DataParallel cannot be combined with graph::Capture: the "
@@ -177,6 +193,8 @@ class DataParallel {
     last_synced_ = sync_;
   }
 
+  /// Hook, called by the loop after the forward: readies the Reducer for the backward of a synchronised
+  /// step (with find_unused_parameters, walking the graph from `loss`).
   template <class Loop>
   void after_forward(Loop&, const at::Tensor& loss) {
     if (!sync_) return;
@@ -192,6 +210,8 @@ class DataParallel {
     ++rounds_;
   }
 
+  /// Hook, called by the loop after the backward: checks that every bucket was all-reduced. Throws
+  /// nitro::Error naming a parameter that got no gradient (or was frozen after the first step).
   template <class Loop>
   void after_backward(Loop&) {
     if (!reducing_) return;
@@ -239,9 +259,12 @@ class DataParallel {
     ++rounds_;
   }
 
+  /// The world size, to check on resume.
   NITRO_INLINE StateDict state_dict() const;
+  /// Checks that a saved state's world size is this run's. Throws nitro::Error when it is not.
   NITRO_INLINE void load_state_dict(const StateDict& s);
 
+  /// The process group (Options::group).
   [[nodiscard]] const ProcessGroup& group() const noexcept { return *o_.group; }
   /// All-reduce calls made so far (one per bucket per synchronised step, one per dtype at a flush).
   [[nodiscard]] std::int64_t all_reduce_calls() const noexcept { return calls_->load(std::memory_order_relaxed); }
@@ -249,6 +272,7 @@ class DataParallel {
   [[nodiscard]] std::int64_t sync_rounds() const noexcept { return rounds_; }
   /// The Reducer's buckets now (one until the first step is done; rebuilt by size after it).
   [[nodiscard]] std::size_t buckets() const noexcept { return bucket_count_; }
+  /// Whether the first step has set up the Reducer.
   [[nodiscard]] bool started() const noexcept { return reducer_ != nullptr; }
 
  private:

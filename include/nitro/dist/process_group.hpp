@@ -112,11 +112,11 @@ namespace nitro::dist {
 
 /// Where this process stands, as torchrun says it (or as given).
 struct Environment {
-  int rank = 0;
-  int world_size = 1;
-  int local_rank = 0;
-  std::string master_addr;  // empty for a group of one
-  std::uint16_t master_port = 0;
+  int rank = 0;                   ///< this process's rank, in [0, world_size)
+  int world_size = 1;             ///< the number of processes
+  int local_rank = 0;             ///< the rank among this machine's processes (the GPU it takes with NCCL)
+  std::string master_addr;        ///< the store's host; empty for a group of one
+  std::uint16_t master_port = 0;  ///< the store's port; 0 for a group of one
   /// torchrun serves the store (TORCHELASTIC_USE_AGENT_STORE=True): every rank is a client.
   bool agent_store = false;
   /// TORCHELASTIC_RESTART_COUNT: part of the store's prefix, so that a restarted job starts afresh.
@@ -171,6 +171,7 @@ inline std::atomic<int> groups_made{0};
 /// test of a second group beside a live one hung once and is out until that is understood).
 class ProcessGroup {
  public:
+  /// How the group waits, and which backends it makes.
   struct Options {
     /// How long a collective or the store may wait for the other ranks before failing.
     std::chrono::milliseconds timeout = std::chrono::minutes(10);
@@ -180,26 +181,38 @@ class ProcessGroup {
     /// loopback address when MASTER_ADDR is local, else the host name's address).
     std::string gloo_hostname;
     /// Also make an NCCL group for CUDA tensors (needs NITRO_DIST_NCCL and a GPU per local rank; the
-    /// CUDA device becomes cuda:<local_rank>).
+    /// CUDA device becomes cuda:N, N the local rank).
     bool nccl = false;
   };
 
   /// The group torchrun's environment describes (see environment()).
   [[nodiscard]] static ProcessGroup from_environment() { return from_environment(Options{}); }
+  /// As above, with options. Throws nitro::Error for a bad environment (see environment()), options out
+  /// of range (timeout <= 0, gloo_threads not in [1, 256], nccl in a build without NCCL), or when the
+  /// ranks do not meet within the timeout.
   [[nodiscard]] NITRO_INLINE static ProcessGroup from_environment(const Options& options);
 
   /// A group met through `store` (file_store, tcp_store, or any c10d::Store): this process is `rank` of `size`.
   [[nodiscard]] NITRO_INLINE static ProcessGroup with_store(c10::intrusive_ptr<c10d::Store> store, int rank, int size);
+  /// As above, with options; `local_rank` < 0 means `rank` (one machine). Throws nitro::Error for a null
+  /// store, size < 1, rank outside [0, size), options out of range, or when the ranks do not meet within
+  /// the timeout.
   [[nodiscard]] NITRO_INLINE static ProcessGroup with_store(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                                                const Options& options, int local_rank = -1);
 
+  /// This process's rank in the group, in [0, size()).
   [[nodiscard]] int rank() const noexcept { return s_->rank; }
+  /// The number of processes in the group.
   [[nodiscard]] int size() const noexcept { return s_->size; }
+  /// The rank among this machine's processes (the CUDA device with NCCL).
   [[nodiscard]] int local_rank() const noexcept { return s_->local_rank; }
+  /// Whether this is rank 0.
   [[nodiscard]] bool is_main() const noexcept { return s_->rank == 0; }
+  /// How long a collective or the store waits before failing (Options::timeout).
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return s_->options.timeout; }
   /// c10d's group (for c10d's own functions: Reducer, broadcast_coalesced, ...).
   [[nodiscard]] const c10::intrusive_ptr<c10d::ProcessGroup>& group() const noexcept { return s_->group; }
+  /// The store the ranks met through (prefixed with "nitro/<n>/" for this group).
   [[nodiscard]] const c10::intrusive_ptr<c10d::Store>& store() const noexcept { return s_->store; }
   /// Whether collectives on tensors of this device type have a backend here (Gloo: CPU; NCCL: CUDA).
   [[nodiscard]] NITRO_INLINE bool serves(c10::DeviceType type) const noexcept;

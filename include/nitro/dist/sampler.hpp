@@ -25,16 +25,22 @@
 
 namespace nitro::dist {
 
+/// A data::ResumableSampler that gives this rank its shard of each epoch (see the top of this file).
 class DistributedSampler : public data::ResumableSampler {
  public:
+  /// The knobs.
   struct Options {
     /// The same on every rank.
     std::uint64_t seed = 0;
+    /// Draw each epoch's order from (seed, epoch); false: the data set's order.
     bool shuffle = true;
     /// Cut each epoch to a multiple of the world size instead of padding it.
     bool drop_last = false;
   };
+  /// `size` samples sharded over `group`'s ranks, with default options.
   NITRO_INLINE DistributedSampler(std::size_t size, const ProcessGroup& group);
+  /// `size` samples sharded over `group`'s ranks. Throws nitro::Error when size is 0, or with drop_last
+  /// when there are fewer samples than ranks.
   NITRO_INLINE DistributedSampler(std::size_t size, const ProcessGroup& group, const Options& o);
 };
 

@@ -57,8 +57,9 @@ struct FetchedSnapshot {
   std::uint64_t bytes = 0;
 };
 
+/// How a snapshot is sent to the other ranks.
 struct FetchOptions {
-  /// The bytes sent per collective (memory held on each rank while fetching: about twice this).
+  /// The bytes sent per collective, in [4096, 2^31] (memory held on each rank while fetching: about twice this).
   std::uint64_t chunk_bytes = 64ull << 20;
   /// fsync the received copy (and its directory).
   bool fsync = true;

@@ -97,7 +97,7 @@ struct Settings {
   NITRO_INLINE static Settings fast();
   /// The CPU heap kept (cpu_heap_keep_bytes, 128 MiB) and nothing else: level::Basic's settings.
   NITRO_INLINE static Settings heap();
-  static constexpr std::int64_t kept_heap = std::int64_t{128} << 20;
+  static constexpr std::int64_t kept_heap = std::int64_t{128} << 20;  ///< fast()'s and heap()'s cpu_heap_keep_bytes: 128 MiB.
   /// Deterministic cuDNN and algorithms, no autotuning, no TF32.
   NITRO_INLINE static Settings reproducible();
 };
@@ -129,6 +129,9 @@ NITRO_INLINE Settings current(int cuda_device = -1);
 /// already changed is restored before the exception leaves. Not copyable or movable: it is a scope.
 class ScopedSettings {
  public:
+  /// Applies the fields of `wanted` that are set, remembering the values they replace. Throws
+  /// nitro::Error, changing nothing, when a setting is out of range (validate()) or cannot be applied
+  /// (inter_op_threads once LibTorch has fixed it, a nice value the process may not set or undo).
   NITRO_INLINE explicit ScopedSettings(const Settings& wanted);
   ScopedSettings(const ScopedSettings&) = delete;
   ScopedSettings& operator=(const ScopedSettings&) = delete;

@@ -74,6 +74,9 @@ struct BatcherOptions {
   size_t queue_capacity = 1024;
   /// A full queue: Reject (submit throws nitro::Error) or Block (submit waits for room).
   enum class WhenFull { Reject, Block } when_full = WhenFull::Reject;
+  /// @var when_full
+  /// What submit does when the queue is full (WhenFull); default Reject.
+
   /// Latency percentiles are taken over the last this many requests, >= 1.
   size_t stats_window = 65536;
 };
@@ -91,16 +94,31 @@ struct BatcherStats {
   std::vector<uint64_t> batch_sizes;  ///< batch_sizes[n]: batches of n requests (index 0 unused)
   double queue_wait_p50_ms = 0, queue_wait_p99_ms = 0;  ///< submit to the batch's start
   double latency_p50_ms = 0, latency_p99_ms = 0;        ///< submit to the answer
+  /// @var queue_wait_p50_ms
+  /// The median time from submit to the start of the request's batch, over the last stats_window
+  /// requests; queue_wait_p99_ms the 99th percentile.
+  /// @var latency_p50_ms
+  /// The median time from submit to the answer, over the last stats_window requests; latency_p99_ms
+  /// the 99th percentile.
+
+  /// The mean number of requests per batch run; 0 before any batch.
   [[nodiscard]] NITRO_INLINE double mean_batch() const;
 };
 
+/// Gathers single inputs submitted from many threads into batches for `model`, a callable
+/// `at::Tensor(const at::Tensor& batch)` whose output's first dimension is the batch, run on one worker
+/// thread under c10::InferenceMode (see the top of this file).
+/// @tparam Fn the model's type; inferred from the constructor.
 template <class Fn>
 class DynamicBatcher {
  public:
+  /// The clock of deadlines and latencies.
   using clock = std::chrono::steady_clock;
   /// How long before a queued request's deadline its batch is formed at the latest.
   static constexpr std::chrono::microseconds kDeadlineMargin{200};
 
+  /// Starts the worker thread. Throws nitro::Error when max_batch < 1, max_delay is not in [0, 1 h],
+  /// queue_capacity < max_batch, or stats_window < 1.
   explicit DynamicBatcher(Fn model, BatcherOptions options = {}) : model_(std::move(model)), options_(options) {
     NITRO_CHECK(options_.max_batch >= 1, "infer::DynamicBatcher: max_batch must be >= 1, got ", options_.max_batch);
     NITRO_CHECK(options_.max_delay.count() >= 0 && options_.max_delay <= std::chrono::hours(1),
@@ -200,6 +218,7 @@ class DynamicBatcher {
     return s;
   }
 
+  /// The options the batcher was made with.
   [[nodiscard]] const BatcherOptions& options() const { return options_; }
 
  private:

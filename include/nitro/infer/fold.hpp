@@ -105,7 +105,9 @@ NITRO_INLINE torch::nn::Sequential fold_conv_bn(const torch::nn::Sequential& mod
 /// conv_ = register_module... : `conv_ = replace_module("conv", nitro::infer::fold_conv_bn(conv_, bn_));`
 /// then leave bn_ out of forward.
 NITRO_INLINE torch::nn::Conv2d fold_conv_bn(torch::nn::Conv2d conv, torch::nn::BatchNorm2d bn);
+/// As above, for a 1-d convolution and batch norm.
 NITRO_INLINE torch::nn::Conv1d fold_conv_bn(torch::nn::Conv1d conv, torch::nn::BatchNorm1d bn);
+/// As above, for a 3-d convolution and batch norm.
 NITRO_INLINE torch::nn::Conv3d fold_conv_bn(torch::nn::Conv3d conv, torch::nn::BatchNorm3d bn);
 
 }  // namespace nitro::infer

@@ -26,6 +26,8 @@
 
 namespace nitro::infer {
 
+/// A model to serve, whatever made it (a module, an AOTInductor package, a TorchScript file): what a
+/// Runner runs. Make one with module_model, load_aoti or load_torchscript, or derive from it.
 class Model {
  public:
   virtual ~Model() = default;

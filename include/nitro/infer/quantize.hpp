@@ -61,14 +61,19 @@ NITRO_INLINE void check_qengine();
 /// A Linear layer with int8 weights and dynamically quantised activations (see the top of this file).
 class DynamicInt8LinearImpl : public torch::nn::Module {
  public:
+  /// Quantises `linear`'s weight to int8 (its bias stays float32). Throws nitro::Error when the layer is
+  /// not on the CPU in float32, or LibTorch has no x86/FBGEMM quantized engine.
   NITRO_INLINE explicit DynamicInt8LinearImpl(const torch::nn::Linear& linear, QuantizeOptions options = {});
 
   /// float32 input [..., in_features] -> float32 [..., out_features] (a 1-d input: one sample).
   NITRO_INLINE at::Tensor forward(const at::Tensor& input);
 
+  /// Prints "nitro::infer::DynamicInt8Linear(in_features=..., out_features=...)".
   NITRO_INLINE void pretty_print(std::ostream& out) const override;
 
+  /// The input size.
   [[nodiscard]] int64_t in_features() const { return in_features_; }
+  /// The output size.
   [[nodiscard]] int64_t out_features() const { return out_features_; }
 
  private:
@@ -76,6 +81,7 @@ class DynamicInt8LinearImpl : public torch::nn::Module {
   int64_t out_features_;
   c10::IValue packed_;
 };
+/// The module holder of DynamicInt8LinearImpl (as torch::nn::Linear is of LinearImpl).
 TORCH_MODULE(DynamicInt8Linear);
 
 /// A new Sequential whose Linear layers are DynamicInt8Linear (the Sequential's own items; a Linear inside

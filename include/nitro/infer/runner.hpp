@@ -43,15 +43,21 @@ namespace nitro::infer {
 /// @tparam FastKernels      cuDNN autotuning and TF32 (hardware<Level>()).
 template <bool ChannelsLast, c10::ScalarType GpuAutocast, bool FastKernels>
 struct Level {
+  /// 4-d inputs and convolution weights as NHWC (ChannelsLast).
   static constexpr bool channels_last = ChannelsLast;
+  /// The autocast dtype on a GPU; c10::ScalarType::Undefined: none (GpuAutocast).
   static constexpr c10::ScalarType gpu_autocast = GpuAutocast;
+  /// cuDNN autotuning and TF32 (FastKernels).
   static constexpr bool fast_kernels = FastKernels;
 };
 
+/// Whether T is an infer::Level (InferLevel's test).
 template <class T>
 inline constexpr bool is_level_v = false;
+/// True: a Level.
 template <bool C, c10::ScalarType A, bool F>
 inline constexpr bool is_level_v<Level<C, A, F>> = true;
+/// An infer::Level type (level::Basic, level::Fast, or a Level of your own).
 template <class T>
 concept InferLevel = is_level_v<T>;
 
@@ -121,6 +127,7 @@ Holder prepare(Holder module, const PrepareOptions& options = {}) {
 template <InferLevel L = level::Basic>
 class Runner {
  public:
+  /// A runner of `model` (module_model, load_aoti, load_torchscript). Throws nitro::Error when it is null.
   explicit Runner(std::shared_ptr<Model> model) : model_(std::move(model)) {
     NITRO_CHECK(model_ != nullptr, "infer::Runner: the model is null");
   }
@@ -162,6 +169,7 @@ class Runner {
     return model_->run(moved);
   }
 
+  /// The model it runs.
   [[nodiscard]] const std::shared_ptr<Model>& model() const { return model_; }
 
  private:

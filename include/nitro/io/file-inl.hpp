@@ -5,6 +5,8 @@
 
 namespace nitro::io {
 
+namespace detail {
+
 NITRO_INLINE std::uint64_t xxh_round(std::uint64_t acc, std::uint64_t lane) noexcept {
   return std::rotl(acc + lane * xxh_p2, 31) * xxh_p1;
 }
@@ -29,28 +31,32 @@ NITRO_INLINE std::uint64_t xxh_finish(std::uint64_t h, const unsigned char* p, c
   return h;
 }
 
+}  // namespace detail
+
 NITRO_INLINE std::uint64_t xxh64(std::span<const std::byte> bytes, std::uint64_t seed) noexcept {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   const std::size_t n = bytes.size();
   const unsigned char* const end = p + n;
   std::uint64_t h;
   if (n >= 32) {
-    std::uint64_t v1 = seed + xxh_p1 + xxh_p2, v2 = seed + xxh_p2, v3 = seed, v4 = seed - xxh_p1;
+    std::uint64_t v1 = seed + detail::xxh_p1 + detail::xxh_p2, v2 = seed + detail::xxh_p2, v3 = seed,
+                  v4 = seed - detail::xxh_p1;
     for (const unsigned char* const limit = end - 32; p <= limit; p += 32) {
-      v1 = xxh_round(v1, read_le<std::uint64_t>(p));
-      v2 = xxh_round(v2, read_le<std::uint64_t>(p + 8));
-      v3 = xxh_round(v3, read_le<std::uint64_t>(p + 16));
-      v4 = xxh_round(v4, read_le<std::uint64_t>(p + 24));
+      v1 = detail::xxh_round(v1, detail::read_le<std::uint64_t>(p));
+      v2 = detail::xxh_round(v2, detail::read_le<std::uint64_t>(p + 8));
+      v3 = detail::xxh_round(v3, detail::read_le<std::uint64_t>(p + 16));
+      v4 = detail::xxh_round(v4, detail::read_le<std::uint64_t>(p + 24));
     }
     h = std::rotl(v1, 1) + std::rotl(v2, 7) + std::rotl(v3, 12) + std::rotl(v4, 18);
-    h = xxh_merge(xxh_merge(xxh_merge(xxh_merge(h, v1), v2), v3), v4);
+    h = detail::xxh_merge(detail::xxh_merge(detail::xxh_merge(detail::xxh_merge(h, v1), v2), v3), v4);
   } else {
-    h = seed + xxh_p5;
+    h = seed + detail::xxh_p5;
   }
-  return xxh_finish(h + static_cast<std::uint64_t>(n), p, end);
+  return detail::xxh_finish(h + static_cast<std::uint64_t>(n), p, end);
 }
 
-NITRO_INLINE Xxh64::Xxh64(std::uint64_t seed) noexcept : seed_(seed), v_{seed + xxh_p1 + xxh_p2, seed + xxh_p2, seed, seed - xxh_p1} {}
+NITRO_INLINE Xxh64::Xxh64(std::uint64_t seed) noexcept
+    : seed_(seed), v_{seed + detail::xxh_p1 + detail::xxh_p2, seed + detail::xxh_p2, seed, seed - detail::xxh_p1} {}
 
 NITRO_INLINE void Xxh64::update(std::span<const std::byte> bytes) noexcept {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
@@ -78,16 +84,18 @@ NITRO_INLINE std::uint64_t Xxh64::digest() const noexcept {
   std::uint64_t h;
   if (total_ >= 32) {
     h = std::rotl(v_[0], 1) + std::rotl(v_[1], 7) + std::rotl(v_[2], 12) + std::rotl(v_[3], 18);
-    for (const std::uint64_t v : v_) h = xxh_merge(h, v);
+    for (const std::uint64_t v : v_) h = detail::xxh_merge(h, v);
   } else {
-    h = seed_ + xxh_p5;
+    h = seed_ + detail::xxh_p5;
   }
-  return xxh_finish(h + total_, buffer_, buffer_ + buffered_);
+  return detail::xxh_finish(h + total_, buffer_, buffer_ + buffered_);
 }
 
 NITRO_INLINE void Xxh64::stripe(const unsigned char* p) noexcept {
-  for (int i = 0; i < 4; ++i) v_[i] = xxh_round(v_[i], read_le<std::uint64_t>(p + 8 * i));
+  for (int i = 0; i < 4; ++i) v_[i] = detail::xxh_round(v_[i], detail::read_le<std::uint64_t>(p + 8 * i));
 }
+
+namespace detail {
 
 NITRO_INLINE std::uint64_t xxh3_fold(std::uint64_t a, std::uint64_t b) noexcept {
   const unsigned __int128 p = static_cast<unsigned __int128>(a) * b;
@@ -243,17 +251,19 @@ NITRO_INLINE void xxh3_consume(std::uint64_t* acc, std::size_t& in_block, const 
   }
 }
 
+}  // namespace detail
+
 NITRO_INLINE std::uint64_t xxh3(std::span<const std::byte> bytes) noexcept {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
   const std::size_t n = bytes.size();
-  if (n <= 240) return xxh3_short(p, n);
+  if (n <= 240) return detail::xxh3_short(p, n);
   std::uint64_t acc[8];
-  std::memcpy(acc, xxh3_acc_init, sizeof acc);
+  std::memcpy(acc, detail::xxh3_acc_init, sizeof acc);
   std::size_t in_block = 0;
   // Every stripe but the last (which may be partial, and is taken as the input's last 64 bytes).
-  xxh3_consume(acc, in_block, p, (n - 1) / xxh3_stripe);
-  xxh3_accumulate()(acc, p + n - xxh3_stripe, xxh3_secret + 192 - xxh3_stripe - 7, 1);
-  return xxh3_merge(acc, n);
+  detail::xxh3_consume(acc, in_block, p, (n - 1) / detail::xxh3_stripe);
+  detail::xxh3_accumulate()(acc, p + n - detail::xxh3_stripe, detail::xxh3_secret + 192 - detail::xxh3_stripe - 7, 1);
+  return detail::xxh3_merge(acc, n);
 }
 
 NITRO_INLINE void Xxh3::update(std::span<const std::byte> bytes) noexcept {
@@ -261,49 +271,49 @@ NITRO_INLINE void Xxh3::update(std::span<const std::byte> bytes) noexcept {
   std::size_t n = bytes.size();
   total_ += n;
   // Data is consumed only when more follows it: the last stripe of the input is digest()'s.
-  if (buffered_ > xxh3_buffer) __builtin_unreachable();  // (GCC's bounds warnings cannot tell)
-  if (n <= xxh3_buffer - buffered_) {
+  if (buffered_ > detail::xxh3_buffer) __builtin_unreachable();  // (GCC's bounds warnings cannot tell)
+  if (n <= detail::xxh3_buffer - buffered_) {
     if (n > 0) std::memcpy(buffer_ + buffered_, p, n);
     buffered_ += n;
     return;
   }
   if (buffered_ > 0) {  // fill the buffer, then consume it whole (more input follows)
-    const std::size_t take = xxh3_buffer - buffered_;
+    const std::size_t take = detail::xxh3_buffer - buffered_;
     std::memcpy(buffer_ + buffered_, p, take);
     p += take;
     n -= take;
-    xxh3_consume(acc_, in_block_, buffer_, xxh3_buffer / xxh3_stripe);
+    detail::xxh3_consume(acc_, in_block_, buffer_, detail::xxh3_buffer / detail::xxh3_stripe);
     buffered_ = 0;
   }
-  if (n > xxh3_buffer) {  // straight from the input, all but the last 1 to 64 bytes
-    const std::size_t stripes = (n - 1) / xxh3_stripe;
-    xxh3_consume(acc_, in_block_, p, stripes);
-    p += stripes * xxh3_stripe;
-    n -= stripes * xxh3_stripe;
+  if (n > detail::xxh3_buffer) {  // straight from the input, all but the last 1 to 64 bytes
+    const std::size_t stripes = (n - 1) / detail::xxh3_stripe;
+    detail::xxh3_consume(acc_, in_block_, p, stripes);
+    p += stripes * detail::xxh3_stripe;
+    n -= stripes * detail::xxh3_stripe;
     // Kept for digest(), whose last stripe may reach back into it.
-    std::memcpy(buffer_ + xxh3_buffer - xxh3_stripe, p - xxh3_stripe, xxh3_stripe);
+    std::memcpy(buffer_ + detail::xxh3_buffer - detail::xxh3_stripe, p - detail::xxh3_stripe, detail::xxh3_stripe);
   }
   std::memcpy(buffer_, p, n);
   buffered_ = n;
 }
 
 NITRO_INLINE std::uint64_t Xxh3::digest() const noexcept {
-  if (total_ <= 240) return xxh3_short(buffer_, static_cast<std::size_t>(total_));
+  if (total_ <= 240) return detail::xxh3_short(buffer_, static_cast<std::size_t>(total_));
   std::uint64_t acc[8];
   std::memcpy(acc, acc_, sizeof acc);
   std::size_t in_block = in_block_;
-  unsigned char last[xxh3_stripe];
+  unsigned char last[detail::xxh3_stripe];
   const unsigned char* last_stripe;
-  if (buffered_ >= xxh3_stripe) {
-    xxh3_consume(acc, in_block, buffer_, (buffered_ - 1) / xxh3_stripe);
-    last_stripe = buffer_ + buffered_ - xxh3_stripe;
+  if (buffered_ >= detail::xxh3_stripe) {
+    detail::xxh3_consume(acc, in_block, buffer_, (buffered_ - 1) / detail::xxh3_stripe);
+    last_stripe = buffer_ + buffered_ - detail::xxh3_stripe;
   } else {  // the rest of the last stripe is the end of what was consumed before
-    std::memcpy(last, buffer_ + xxh3_buffer - (xxh3_stripe - buffered_), xxh3_stripe - buffered_);
-    std::memcpy(last + xxh3_stripe - buffered_, buffer_, buffered_);
+    std::memcpy(last, buffer_ + detail::xxh3_buffer - (detail::xxh3_stripe - buffered_), detail::xxh3_stripe - buffered_);
+    std::memcpy(last + detail::xxh3_stripe - buffered_, buffer_, buffered_);
     last_stripe = last;
   }
-  xxh3_accumulate()(acc, last_stripe, xxh3_secret + 192 - xxh3_stripe - 7, 1);
-  return xxh3_merge(acc, total_);
+  detail::xxh3_accumulate()(acc, last_stripe, detail::xxh3_secret + 192 - detail::xxh3_stripe - 7, 1);
+  return detail::xxh3_merge(acc, total_);
 }
 
 NITRO_INLINE Fd::Fd(int fd) noexcept : fd_(fd) {}
@@ -382,8 +392,8 @@ NITRO_INLINE AtomicFile::AtomicFile(std::filesystem::path target, Options option
   fd_.reset(::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   if (!fd_) {
     const int err = errno;
-    detail::fail("nitro::io::AtomicFile: cannot create ", temp_.string(), ": ", os_error(err),
-                 "; check that the directory ", directory().string(), " exists and is writable");
+    nitro::detail::fail("nitro::io::AtomicFile: cannot create ", temp_.string(), ": ", os_error(err),
+                        "; check that the directory ", directory().string(), " exists and is writable");
   }
 }
 
@@ -392,8 +402,8 @@ NITRO_INLINE void AtomicFile::write(const void* data, std::size_t n) {
   if (!write_all(fd_.get(), data, n)) {
     const int err = errno;
     abandon();
-    detail::fail("nitro::io::AtomicFile: cannot write ", n, " bytes to ", temp_.string(), ": ", os_error(err),
-                 "; free space on that disk (the previous ", target_.filename().string(), ", if any, is intact)");
+    nitro::detail::fail("nitro::io::AtomicFile: cannot write ", n, " bytes to ", temp_.string(), ": ", os_error(err),
+                        "; free space on that disk (the previous ", target_.filename().string(), ", if any, is intact)");
   }
   written_ += n;
 }
@@ -425,8 +435,8 @@ NITRO_INLINE void AtomicFile::abandon() noexcept {
 NITRO_INLINE void AtomicFile::failed(const char* what) {
   const int err = errno;
   abandon();
-  detail::fail("nitro::io::AtomicFile: cannot ", what, " ", temp_.string(), ": ", os_error(err), "; the previous ",
-               target_.filename().string(), ", if any, is intact");
+  nitro::detail::fail("nitro::io::AtomicFile: cannot ", what, " ", temp_.string(), ": ", os_error(err), "; the previous ",
+                      target_.filename().string(), ", if any, is intact");
 }
 
 NITRO_INLINE std::filesystem::path AtomicFile::directory() const {
@@ -562,22 +572,22 @@ namespace nitro::io {
 
 NITRO_INLINE std::uintmax_t remove_tree(const std::filesystem::path& path) {
   std::string where;
-  detail::TreeFailure failure{.where = &where};
-  const std::uintmax_t removed = detail::remove_tree_at(path, failure);
+  nitro::detail::TreeFailure failure{.where = &where};
+  const std::uintmax_t removed = nitro::detail::remove_tree_at(path, failure);
   if (failure.err != 0 && failure.removed == 0)
-    detail::fail("nitro::io::remove_tree(", path.string(), "): cannot ", failure.action, " ", where, ": ",
-                 os_error(failure.err), "; nothing was removed: check the path and its permissions");
+    nitro::detail::fail("nitro::io::remove_tree(", path.string(), "): cannot ", failure.action, " ", where, ": ",
+                        os_error(failure.err), "; nothing was removed: check the path and its permissions");
   if (failure.err != 0)
-    detail::fail("nitro::io::remove_tree(", path.string(), "): cannot ", failure.action, " ", where, ": ",
-                 os_error(failure.err), "; ", failure.removed, " entries were removed before it and the rest is",
-                 " left: fix the cause (permissions, a read-only file system, a mount point inside the tree)",
-                 " and remove it again");
+    nitro::detail::fail("nitro::io::remove_tree(", path.string(), "): cannot ", failure.action, " ", where, ": ",
+                        os_error(failure.err), "; ", failure.removed, " entries were removed before it and the rest is",
+                        " left: fix the cause (permissions, a read-only file system, a mount point inside the tree)",
+                        " and remove it again");
   return removed;
 }
 
 NITRO_INLINE std::uintmax_t remove_tree(const std::filesystem::path& path, std::error_code& ec) noexcept {
-  detail::TreeFailure failure;
-  const std::uintmax_t removed = detail::remove_tree_at(path, failure);
+  nitro::detail::TreeFailure failure;
+  const std::uintmax_t removed = nitro::detail::remove_tree_at(path, failure);
   ec = failure.err != 0 ? std::error_code(failure.err, std::generic_category()) : std::error_code();
   return removed;
 }

@@ -55,6 +55,8 @@ namespace nitro::io {
 
 // ---- XXH64 (Yann Collet's xxHash, 64-bit): four 8-byte lanes per 32-byte stripe, several GB/s ------
 
+namespace detail {  // xxHash's constants and steps: not API (the tests of the XXH3 kernels use them)
+
 inline constexpr std::uint64_t xxh_p1 = 0x9E3779B185EBCA87ULL;
 inline constexpr std::uint64_t xxh_p2 = 0xC2B2AE3D27D4EB4FULL;
 inline constexpr std::uint64_t xxh_p3 = 0x165667B19E3779F9ULL;
@@ -78,6 +80,8 @@ NITRO_INLINE std::uint64_t xxh_merge(std::uint64_t h, std::uint64_t acc) noexcep
 // The last bytes (fewer than 32) and the final avalanche, for xxh64() and Xxh64.
 NITRO_INLINE std::uint64_t xxh_finish(std::uint64_t h, const unsigned char* p, const unsigned char* end) noexcept;
 
+}  // namespace detail
+
 /// XXH64 of `bytes`: nitro::io::xxh64(span) == XXH64(data, size, seed).
 NITRO_INLINE std::uint64_t xxh64(std::span<const std::byte> bytes, std::uint64_t seed = 0) noexcept;
 
@@ -85,11 +89,15 @@ NITRO_INLINE std::uint64_t xxh64(std::span<const std::byte> bytes, std::uint64_t
 ///   io::Xxh64 h; h.update(a); h.update(b); h.digest() == io::xxh64(a + b)
 class Xxh64 {
  public:
+  /// An empty hash state with `seed` (XXH64's seed; 0 as xxh64()'s default).
   NITRO_INLINE explicit Xxh64(std::uint64_t seed = 0) noexcept;
 
+  /// Hashes the next piece.
   NITRO_INLINE void update(std::span<const std::byte> bytes) noexcept;
+  /// Hashes the next piece: `n` bytes at `data`.
   void update(const void* data, std::size_t n) noexcept { update({static_cast<const std::byte*>(data), n}); }
 
+  /// The hash of everything given so far; more may be given after.
   [[nodiscard]] NITRO_INLINE std::uint64_t digest() const noexcept;
 
  private:
@@ -108,6 +116,8 @@ class Xxh64 {
 // SSE2 and AVX2 do two and four at a time (AVX2 when the CPU has it; other CPUs than x86-64 run the
 // plain loop; AVX-512 measured no faster than AVX2). Snapshots of format version 2 check their parts
 // with it: with XXH64, hashing took half as long as reading the file from the page cache.
+
+namespace detail {
 
 inline constexpr std::uint64_t xxh3_p32_1 = 0x9E3779B1U;
 inline constexpr std::uint64_t xxh3_p32_2 = 0x85EBCA77U;
@@ -171,6 +181,8 @@ NITRO_INLINE void xxh3_consume(std::uint64_t* acc, std::size_t& in_block, const 
 inline constexpr std::uint64_t xxh3_acc_init[8] = {xxh3_p32_3, xxh_p1, xxh_p2,     xxh_p3,
                                                    xxh_p4,     xxh3_p32_2, xxh_p5, xxh3_p32_1};
 
+}  // namespace detail
+
 /// XXH3 (64-bit, seed 0) of `bytes`: nitro::io::xxh3(span) == XXH3_64bits(data, size).
 NITRO_INLINE std::uint64_t xxh3(std::span<const std::byte> bytes) noexcept;
 
@@ -178,11 +190,15 @@ NITRO_INLINE std::uint64_t xxh3(std::span<const std::byte> bytes) noexcept;
 ///   io::Xxh3 h; h.update(a); h.update(b); h.digest() == io::xxh3(a + b)
 class Xxh3 {
  public:
-  Xxh3() noexcept { std::memcpy(acc_, xxh3_acc_init, sizeof acc_); }
+  /// An empty hash state.
+  Xxh3() noexcept { std::memcpy(acc_, detail::xxh3_acc_init, sizeof acc_); }
 
+  /// Hashes the next piece.
   NITRO_INLINE void update(std::span<const std::byte> bytes) noexcept;
+  /// Hashes the next piece: `n` bytes at `data`.
   void update(const void* data, std::size_t n) noexcept { update({static_cast<const std::byte*>(data), n}); }
 
+  /// The hash of everything given so far; more may be given after.
   [[nodiscard]] NITRO_INLINE std::uint64_t digest() const noexcept;
 
  private:
@@ -190,7 +206,7 @@ class Xxh3 {
   std::uint64_t total_ = 0;
   std::size_t in_block_ = 0;  // stripes of the current block consumed
   std::size_t buffered_ = 0;
-  unsigned char buffer_[xxh3_buffer] = {};
+  unsigned char buffer_[detail::xxh3_buffer] = {};
 };
 
 // ---- POSIX files ---------------------------------------------------------------------------------
@@ -198,12 +214,16 @@ class Xxh3 {
 /// Closes a POSIX file descriptor on scope exit.
 class Fd {
  public:
+  /// Owns `fd` (-1: none).
   NITRO_INLINE explicit Fd(int fd = -1) noexcept;
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   NITRO_INLINE ~Fd();
+  /// The descriptor, still owned; -1 when none.
   [[nodiscard]] int get() const noexcept { return fd_; }
+  /// Closes the descriptor held (ignoring close's error) and owns `fd` instead.
   NITRO_INLINE void reset(int fd) noexcept;
+  /// Whether a descriptor is held (>= 0).
   [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
   /// Closes now, reporting the error close can give (a delayed write failure on some file systems).
   bool close() noexcept { return ::close(std::exchange(fd_, -1)) == 0; }
@@ -214,9 +234,12 @@ class Fd {
 
 /// Unmaps a mapping at the end of its scope unless released: a constructor that maps a file and then
 /// refuses it (throws) leaves no mapping behind.
+/// @code
 ///   base_ = ::mmap(...);  io::UnmapOnThrow guard(base_, size_);  ...checks...;  guard.release();
+/// @endcode
 class UnmapOnThrow {
  public:
+  /// Guards the mapping of `size` bytes at `base`; on scope exit, munmaps it and sets `base` to null.
   UnmapOnThrow(void*& base, std::size_t size) noexcept : base_(&base), size_(size) {}
   UnmapOnThrow(const UnmapOnThrow&) = delete;
   UnmapOnThrow& operator=(const UnmapOnThrow&) = delete;
@@ -226,6 +249,7 @@ class UnmapOnThrow {
       *base_ = nullptr;
     }
   }
+  /// Keeps the mapping: the destructor does nothing.
   void release() noexcept { base_ = nullptr; }
 
  private:
@@ -233,13 +257,16 @@ class UnmapOnThrow {
   std::size_t size_;
 };
 
+/// Writes n bytes, retrying short writes and EINTR; false on an error (errno says which).
 NITRO_INLINE bool write_all(int fd, const void* data, std::size_t n) noexcept;
 
+/// Reads n bytes from the file position, retrying short reads and EINTR; false on an error or an early end.
 NITRO_INLINE bool read_all(int fd, void* data, std::size_t n) noexcept;
 
 /// Reads n bytes at `offset` (the file position is not used); false on an error or an early end.
 NITRO_INLINE bool pread_all(int fd, void* data, std::size_t n, std::uint64_t offset) noexcept;
 
+/// The system's message for errno value `err` ("No such file or directory").
 inline std::string os_error(int err) { return std::error_code(err, std::generic_category()).message(); }
 
 
@@ -255,13 +282,18 @@ NITRO_INLINE bool is_temp_name(std::string_view name) noexcept;
 /// of the directory after the rename is commit()'s false, not a throw: the target is new by then).
 class AtomicFile {
  public:
+  /// Whether an AtomicFile fsyncs.
   struct Options {
     /// fsync the file before the rename and the directory after it (a machine crash then loses
     /// neither). Off only for files that can be made again (the cache's spills).
     bool fsync = true;
   };
 
+  /// A file for `target` with the default Options; see below.
   NITRO_INLINE explicit AtomicFile(std::filesystem::path target);
+  /// Creates the temporary file next to `target` (".<name>.<pid>.<n>.tmp"). Throws nitro::Error when
+  /// `target` names no file, or when the temporary file cannot be created (no such directory, no
+  /// permission).
   NITRO_INLINE AtomicFile(std::filesystem::path target, Options options);
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -269,6 +301,7 @@ class AtomicFile {
 
   /// Appends n bytes. Throws nitro::Error (disk full, I/O error), removing the temporary file.
   NITRO_INLINE void write(const void* data, std::size_t n);
+  /// Appends `bytes`; throws as the overload above.
   void write(std::span<const std::byte> bytes) { write(bytes.data(), bytes.size()); }
 
   /// fsync (Options::fsync) and close: the contents are final. commit() does it when not done; a
@@ -284,8 +317,11 @@ class AtomicFile {
   /// Gives up: closes and removes the temporary file (the target is untouched). Idempotent.
   NITRO_INLINE void abandon() noexcept;
 
+  /// The path the file is renamed to by commit().
   [[nodiscard]] const std::filesystem::path& target() const noexcept { return target_; }
+  /// The temporary file's path.
   [[nodiscard]] const std::filesystem::path& temp_path() const noexcept { return temp_; }
+  /// Bytes written so far.
   [[nodiscard]] std::uint64_t bytes_written() const noexcept { return written_; }
 
  private:

@@ -220,8 +220,10 @@ class StateBackup {
 /// How find_max_batch_size searches.
 enum class SearchMode { power, binsearch };
 
+/// How find_max_batch_size searches: the mode, the range, the margin, the trials per size, and what
+/// to put back after each trial.
 struct BatchSizeOptions {
-  SearchMode mode = SearchMode::binsearch;
+  SearchMode mode = SearchMode::binsearch;  ///< power (doubling) or binsearch (the exact largest size; see the top).
   /// The smallest size to consider, >= 1. If it does not fit, the finder throws nitro::Error.
   std::int64_t min = 1;
   /// The largest size to consider, >= min.
@@ -233,16 +235,17 @@ struct BatchSizeOptions {
   int trials_per_size = 2;
   /// Put back after every trial (either may be null: the caller then owns what the trials change).
   torch::nn::Module* model = nullptr;
-  torch::optim::Optimizer* optimizer = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;  ///< Put back after every trial, as `model` (null: not put back).
 };
 
 /// One size tried.
 struct BatchSizeTrial {
-  std::int64_t batch_size = 0;
-  bool fit = false;
-  double seconds = 0;
+  std::int64_t batch_size = 0;  ///< The size tried.
+  bool fit = false;             ///< Every call at that size ran without running out of memory.
+  double seconds = 0;           ///< Wall time of the size's calls, the state put back included.
 };
 
+/// What find_max_batch_size found, and how.
 struct BatchSizeResult {
   /// The answer: the largest fitting size found, less the margin.
   std::int64_t batch_size = 0;
@@ -252,9 +255,9 @@ struct BatchSizeResult {
   std::int64_t first_failure = -1;
   /// Sizes tried, and trial calls made.
   int trials = 0;
-  int calls = 0;
-  double seconds = 0;
-  std::vector<BatchSizeTrial> history;
+  int calls = 0;        ///< Calls of the trial callable, all sizes together.
+  double seconds = 0;   ///< Wall time of the whole search.
+  std::vector<BatchSizeTrial> history;  ///< Every size tried, in the order tried.
 };
 
 namespace detail {

@@ -68,24 +68,25 @@ struct CpuMemory {
 
 /// One CUDA device as the caching allocator sees it, in bytes (-1 where unknown).
 struct CudaMemory {
-  int device = -1;
+  int device = -1;  ///< The CUDA device index these figures are of.
   /// Bytes in tensors (torch.cuda.memory_allocated).
   std::int64_t allocated_bytes = -1;
   /// Bytes the caching allocator holds from the driver, in use or cached (torch.cuda.memory_reserved).
   std::int64_t reserved_bytes = -1;
   /// The most allocated_bytes / reserved_bytes have been since the start or the last reset of the peaks.
   std::int64_t peak_allocated_bytes = -1;
-  std::int64_t peak_reserved_bytes = -1;
+  std::int64_t peak_reserved_bytes = -1;  ///< The most reserved_bytes has been (see peak_allocated_bytes).
   /// The device's memory (cudaMemGetInfo), counting other processes and the CUDA context. LibTorch
   /// 2.11 and newer; -1 with older ones.
   std::int64_t total_bytes = -1;
-  std::int64_t free_bytes = -1;
+  std::int64_t free_bytes = -1;  ///< The device's free memory (cudaMemGetInfo); -1 before LibTorch 2.11.
   /// Allocations that failed even after the allocator emptied its cache.
   std::int64_t num_ooms = -1;
 };
 
+/// The process's and the machine's memory, and one GPU's, at one moment (snapshot()).
 struct MemorySnapshot {
-  CpuMemory cpu;
+  CpuMemory cpu;  ///< The process's and the machine's memory.
   /// Set when LibTorch was built with CUDA and a GPU is present.
   std::optional<CudaMemory> cuda;
   /// That GPU's utilisation, power and temperature from NVML (memory/nvml.hpp); empty without NVML.
@@ -183,6 +184,7 @@ NITRO_INLINE void reset_peaks([[maybe_unused]] std::optional<int> cuda_device = 
 /// Not thread-safe: construct, sample and read it from one thread (the region itself may use many).
 class PeakScope {
  public:
+  /// What a PeakScope measures besides the defaults.
   struct Options {
     /// Count the exact peak of CPU tensor bytes allocated in the region (installs a ScopedCpuTracking;
     /// one lock per CPU allocation while it lives).
@@ -191,8 +193,9 @@ class PeakScope {
     std::optional<int> cuda_device = std::nullopt;
   };
 
+  /// The CUDA figures of a region, in bytes.
   struct CudaPeak {
-    int device = -1;
+    int device = -1;  ///< The CUDA device index measured.
     /// Allocated bytes when the scope started.
     std::int64_t start_allocated_bytes = 0;
     /// The most bytes allocated at once in the region (absolute, counts what was live at the start).
@@ -203,26 +206,30 @@ class PeakScope {
     std::int64_t peak_reserved_bytes = 0;
   };
 
+  /// The peaks of the region so far.
   struct Result {
     /// Wall time since construction.
     double seconds = 0;
     /// The process's RSS at the start and the most it reached in the region (absolute, -1 unknown).
     std::int64_t cpu_start_resident_bytes = -1;
-    std::int64_t cpu_peak_resident_bytes = -1;
+    std::int64_t cpu_peak_resident_bytes = -1;  ///< The most RSS reached in the region (see cpu_peak_resident_exact).
     /// True when cpu_peak_resident_bytes is the kernel's high-water mark; false when it is the largest
     /// of the sampled RSS values, which can miss a short peak between samples.
     bool cpu_peak_resident_exact = false;
     /// The most CPU tensor bytes allocated in the region were live at once, and those live now; with
     /// track_cpu_tensors only.
     std::optional<std::int64_t> cpu_peak_tensor_bytes;
-    std::optional<std::int64_t> cpu_live_tensor_bytes;
+    std::optional<std::int64_t> cpu_live_tensor_bytes;  ///< CPU tensor bytes allocated in the region and live now (track_cpu_tensors only).
     /// Set when LibTorch has CUDA and a GPU is present.
     std::optional<CudaPeak> cuda;
   };
 
   // Two constructors rather than `Options options = {}`: a nested struct's default member initializers
   // cannot be used in a default argument of its enclosing class.
+  /// Starts measuring with the default Options; see below.
   NITRO_INLINE PeakScope();
+  /// Records the current figures and resets the peaks (process-wide). Throws nitro::Error when
+  /// cuda_device names a device that does not exist.
   NITRO_INLINE explicit PeakScope(Options options);
 
   PeakScope(const PeakScope&) = delete;

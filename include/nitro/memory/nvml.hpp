@@ -37,11 +37,11 @@ struct GpuActivity {
   std::string pci_bus_id;
   /// Share of the last sample period in which a kernel ran, and in which device memory was read or written.
   int gpu_percent = -1;
-  int memory_percent = -1;
+  int memory_percent = -1;  ///< Share of the last sample period in which device memory was read or written, in percent.
   /// Board power draw and the enforced limit, in watts.
   double power_w = -1;
-  double power_limit_w = -1;
-  int temperature_c = -1;
+  double power_limit_w = -1;  ///< The enforced power limit, in watts.
+  int temperature_c = -1;     ///< GPU temperature, in degrees Celsius.
 };
 
 namespace detail {

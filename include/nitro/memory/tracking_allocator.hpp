@@ -32,6 +32,7 @@
 
 namespace nitro::memory {
 
+/// A TrackingAllocator's counts, in bytes and allocations, since it was made (peak: since reset_peak()).
 struct AllocationStats {
   /// Bytes allocated and not yet freed.
   std::int64_t live_bytes = 0;
@@ -39,8 +40,8 @@ struct AllocationStats {
   std::int64_t peak_bytes = 0;
   /// Bytes allocated in all (freed or not).
   std::int64_t allocated_bytes = 0;
-  std::int64_t allocations = 0;
-  std::int64_t frees = 0;
+  std::int64_t allocations = 0;  ///< Allocations made (refused ones not counted).
+  std::int64_t frees = 0;        ///< Blocks freed.
   /// Allocations refused because they would have gone over the budget.
   std::int64_t refused = 0;
 };
@@ -59,20 +60,29 @@ struct TrackingOptions {
 /// a mutex: one lock per allocation and per free. A measuring tool, not for the training hot path.
 class TrackingAllocator final : public c10::Allocator {
  public:
+  /// Counts what `base` (not owned; it must outlive every block) allocates. Throws nitro::Error when
+  /// base is null or options.budget_bytes is negative.
   NITRO_INLINE explicit TrackingAllocator(c10::Allocator* base, TrackingOptions options = {});
 
+  /// Allocates `bytes` from the base allocator and counts them. Throws c10::OutOfMemoryError when
+  /// they would take the live bytes over the budget (the allocation is then counted as refused).
   NITRO_INLINE c10::DataPtr allocate(std::size_t bytes) override;
 
+  /// The deleter of the blocks it hands out (context == data, as LibTorch's raw_allocate needs).
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  /// Copies `count` bytes (memcpy, as LibTorch's default).
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
 
+  /// The counts now.
   NITRO_INLINE AllocationStats stats() const noexcept;
   /// Starts a new peak from what is live now.
   void reset_peak() noexcept { counters_->peak.store(counters_->live.load()); }
   /// Live bytes allowed from now on (0: no budget). Lowering it below what is live refuses the
   /// next allocation, frees nothing.
   NITRO_INLINE void set_budget(std::int64_t bytes);
+  /// Live bytes allowed (0: no budget).
   std::int64_t budget() const noexcept { return counters_->budget.load(); }
+  /// The allocator wrapped.
   c10::Allocator* base() const noexcept { return base_; }
 
  private:
@@ -113,15 +123,20 @@ class TrackingAllocator final : public c10::Allocator {
 /// retired (kept, a few bytes) rather than destroyed.
 class ScopedCpuTracking {
  public:
+  /// Installs a TrackingAllocator over the CPU allocator in force. Throws nitro::Error when
+  /// options.budget_bytes is negative.
   NITRO_INLINE explicit ScopedCpuTracking(TrackingOptions options = {});
   ScopedCpuTracking(const ScopedCpuTracking&) = delete;
   ScopedCpuTracking& operator=(const ScopedCpuTracking&) = delete;
   ~ScopedCpuTracking() { c10::SetCPUAllocator(previous_, kPriority); }
 
+  /// The counts of the scope's allocator now.
   AllocationStats stats() const noexcept { return tracker_->stats(); }
+  /// Starts a new peak from what is live now.
   void reset_peak() noexcept { tracker_->reset_peak(); }
   /// See TrackingAllocator::set_budget.
   void set_budget(std::int64_t bytes) { tracker_->set_budget(bytes); }
+  /// Live bytes allowed (0: no budget).
   std::int64_t budget() const noexcept { return tracker_->budget(); }
 
  private:

@@ -55,26 +55,31 @@ struct WatchOptions {
 
 /// What the watch did.
 struct WatchCounts {
-  std::int64_t checks = 0;
+  std::int64_t checks = 0;  ///< Checks made (one every check_every optimizer steps).
   /// Times the CUDA cache was emptied, and the reserved bytes that made it (the last time).
   std::int64_t cuda_cache_emptied = 0;
-  std::int64_t last_cuda_reserved_bytes = -1;
+  std::int64_t last_cuda_reserved_bytes = -1;  ///< The reserved bytes when the cache was last emptied; -1: never.
   /// Times the CPU figure passed rss_bytes, and its value then (the last time).
   std::int64_t cpu_cleanups = 0;
-  std::int64_t last_cpu_bytes = -1;
+  std::int64_t last_cpu_bytes = -1;  ///< The CPU figure when it last passed rss_bytes; -1: never.
   /// The user's cleanup calls.
   std::int64_t cleanup_calls = 0;
 };
 
+/// A hook policy that checks memory every few optimizer steps and cleans up past a threshold (see
+/// the top of this header).
 class Watch {
  public:
-  using family = family::Hook;
-  static constexpr std::string_view name = "memory_watch";
-  static constexpr bool enabled = true;
-  using Options = WatchOptions;
+  using family = family::Hook;  ///< The policy family this belongs to (train/hooks.hpp).
+  static constexpr std::string_view name = "memory_watch";  ///< Name shown in reports and checked in snapshots.
+  static constexpr bool enabled = true;  ///< Always on when listed: the loop calls its hook.
+  using Options = WatchOptions;  ///< The thresholds and the cleanup (WatchOptions).
 
+  /// A watch of `device` (the loop's model's). Throws nitro::Error when a threshold is negative,
+  /// cuda_reserved_fraction is outside (0, 1] and not 0, check_every < 1, or no threshold is set.
   NITRO_INLINE Watch(const Options& options, const c10::Device& device);
 
+  /// The hook: checks (check()) after every check_every-th optimizer step.
   template <class Loop>
   void after_optimizer_step(Loop&, StepResult&) {
     if (++since_ < o_.check_every) return;
@@ -85,6 +90,7 @@ class Watch {
   /// Checks now (the hook calls it every check_every optimizer steps).
   NITRO_INLINE void check();
 
+  /// What the watch did so far.
   [[nodiscard]] const WatchCounts& counts() const noexcept { return counts_; }
 
   /// A line for the monitor's report.

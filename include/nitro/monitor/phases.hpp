@@ -67,15 +67,21 @@ struct StepRecord {
 
 /// Running totals over every counted step (warm-up excluded).
 struct Totals {
+  /// Steps counted.
   std::int64_t steps = 0;
+  /// Samples (batch rows) over the counted steps.
   std::int64_t samples = 0;
+  /// Milliseconds per phase summed over the counted steps, indexed by nitro::Phase.
   std::array<double, phase_count> phase_ms{};
+  /// Host milliseconds summed over the counted steps (StepRecord::step_ms).
   double step_ms = 0;
   /// Steps that began with the device idle (GPU only).
   std::int64_t idle_steps = 0;
   /// Memory readings taken (every `memory_every` steps) and the highest of each figure seen.
   std::int64_t memory_readings = 0;
+  /// The highest CUDA caching-allocator bytes allocated seen (-1: never read, or no GPU).
   std::int64_t peak_cuda_allocated_bytes = -1;
+  /// The highest CPU resident set size seen, in bytes (-1: never read).
   std::int64_t peak_cpu_resident_bytes = -1;
 };
 
@@ -96,14 +102,16 @@ struct PhasesOptions {
 /// What monitor::Phases keeps: the last `window` steps and the totals. Made by the training loop.
 class Recorder {
  public:
+  /// The knobs: PhasesOptions.
   using Options = PhasesOptions;
+  /// The host clock of the phases on the CPU and of step_ms.
   using Clock = std::chrono::steady_clock;
 
   /// `device` is where the model is; a CUDA device without an index means the current one, resolved
   /// now (events and memory figures are then always of that device, whatever is current later).
   NITRO_INLINE explicit Recorder(const Options& options = Options{}, const c10::Device& device = c10::Device(c10::kCPU));
 
-  /// The loop calls these four (see nitro::PhaseRecorder).
+  /// Called by the loop at the start of each step (see nitro::PhaseRecorder): the data wait ends.
   void begin_step() {
     const auto t = Clock::now();
     if (pause_depth_ > 0) [[unlikely]] {
@@ -122,6 +130,8 @@ class Recorder {
     if (events_) begin_events(paused);
 #endif
   }
+  /// Called by the loop when a phase ends (forward, backward, optimizer; see nitro::PhaseRecorder): its
+  /// time is added to that phase.
   void mark(Phase phase) {
     const auto t = Clock::now();
     current_.phase_ms[static_cast<int>(phase)] += ms(last_, t);
@@ -130,6 +140,7 @@ class Recorder {
     if (events_) mark_event(phase);
 #endif
   }
+  /// Called by the loop at the end of a step with the batch's rows (negative counts as 0).
   void end_step(std::int64_t samples) {
     current_.samples = static_cast<std::int32_t>(samples > 0 ? samples : 0);
     current_.step_ms = ms(ended_ ? end_ : begin_, last_);
@@ -151,6 +162,7 @@ class Recorder {
   /// open ends them all (the time paused before it is still left out); so do reset() and load_state().
   class Pause {
    public:
+    /// Opens a pause of `r` (see Recorder::pause).
     explicit Pause(Recorder& r) noexcept : r_(&r), epoch_(r.pause_epoch_) {
       if (r.pause_depth_++ == 0) r.pause_from_ = Clock::now();
       r.paused_since_end_ = true;
@@ -163,6 +175,7 @@ class Recorder {
     Recorder* r_;
     std::uint64_t epoch_;
   };
+  /// Opens a pause that lasts as long as the returned object (see Pause).
   [[nodiscard]] Pause pause() noexcept { return Pause(*this); }
 
   /// Every counted step so far. On a GPU, steps whose events the device has not passed yet are not
@@ -181,16 +194,25 @@ class Recorder {
   /// What the recorder has counted, to put back later (memory::find_max_batch_size keeps its trial
   /// steps out of the figures this way). Reading it resolves pending GPU steps first.
   struct State {
+    /// The ring of the last steps, Options::window entries long.
     std::vector<StepRecord> ring;
+    /// Where the next step goes in the ring.
     std::size_t head = 0;
+    /// The totals.
     Totals totals;
+    /// The index the next step gets.
     std::int64_t next_step = 0;
+    /// Whether a step has ended (so the next one has a data wait).
     bool ended = false;
   };
+  /// The counts now (resolving pending GPU steps first: it may wait for the device).
   NITRO_INLINE State state();
+  /// Puts back a state(); open pauses end. Throws nitro::Error when the state keeps another window size.
   NITRO_INLINE void load_state(State s);
 
+  /// The options the recorder was made with.
   const Options& options() const noexcept { return o_; }
+  /// The type of device() (CPU or CUDA).
   c10::DeviceType device_type() const noexcept { return device_.type(); }
   /// The device whose events and memory the recorder reads (a concrete index on a GPU).
   c10::Device device() const noexcept { return device_; }
@@ -254,10 +276,15 @@ class Recorder {
 
 /// The monitor policy that times phases (see the banner).
 struct Phases {
+  /// The policy family this belongs to.
   using family = nitro::family::Monitor;
+  /// Name shown in reports and messages.
   static constexpr std::string_view name = "phases";
+  /// On: the loop calls the recorder.
   static constexpr bool enabled = true;
+  /// The knobs: PhasesOptions.
   using Options = PhasesOptions;
+  /// What the loop owns and calls: monitor::Recorder (loop.monitor()).
   using Recorder = monitor::Recorder;
 };
 

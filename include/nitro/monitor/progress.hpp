@@ -118,6 +118,8 @@ struct ProgressOptions {
 ///   bar.update(64, loss);                    // loss: a StepResult, a one-element tensor or a double
 class ProgressBar {
  public:
+  /// Throws nitro::Error for options out of range: total, width < 0; loss_every, loss_window < 1;
+  /// refresh_s or plain_every_s negative or not finite; a null stream.
   NITRO_INLINE explicit ProgressBar(ProgressOptions options);
 
   ProgressBar(const ProgressBar&) = delete;
@@ -155,6 +157,7 @@ class ProgressBar {
   [[nodiscard]] std::optional<double> loss_average() const noexcept { return loss_average_; }
   /// Whether the bar draws as on a terminal.
   [[nodiscard]] bool is_terminal() const noexcept { return terminal_; }
+  /// The options the bar was made with.
   [[nodiscard]] const ProgressOptions& options() const noexcept { return options_; }
 
  private:

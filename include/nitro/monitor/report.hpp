@@ -43,22 +43,34 @@ namespace nitro::monitor {
 struct PhaseSummary {
   /// Over every counted step.
   double mean_ms = 0;
-  /// Nearest-rank percentiles and maximum over the recorder's window (the last steps).
+  /// The median, nearest rank, over the recorder's window (the last steps); p90_ms, p99_ms and max_ms likewise.
   double p50_ms = 0, p90_ms = 0, p99_ms = 0, max_ms = 0;
+  /// @var p90_ms
+  /// The 90th percentile, nearest rank, over the window.
+  /// @var p99_ms
+  /// The 99th percentile, nearest rank, over the window.
+  /// @var max_ms
+  /// The longest over the window.
+
   /// Mean of this phase over the mean step (host time).
   double share = 0;
 };
 
 /// A run's figures.
 struct Summary {
+  /// The type of the recorder's device.
   c10::DeviceType device = c10::DeviceType::CPU;
   /// Forward, backward and optimizer are device times (CUDA events); else host clock.
   bool device_timed = false;
+  /// Steps counted (warm-up excluded).
   std::int64_t steps = 0;
+  /// Samples (batch rows) over the counted steps.
   std::int64_t samples = 0;
   /// Host seconds of the counted steps (data wait included).
   double seconds = 0;
+  /// Samples per host second over the counted steps.
   double samples_per_s = 0;
+  /// Steps per host second over the counted steps.
   double steps_per_s = 0;
   /// Indexed by nitro::Phase.
   std::array<PhaseSummary, phase_count> phases{};
@@ -67,8 +79,9 @@ struct Summary {
   /// GPU: the fraction of steps that began with the device idle. NaN on the CPU.
   double device_idle_fraction = std::numeric_limits<double>::quiet_NaN();
   /// The peak during the run (CUDA: peak allocated by the caching allocator; CPU: peak resident
-  /// set of the process) and what it is measured against (device memory; the machine's RAM). -1: unknown.
+  /// set of the process). -1: unknown.
   std::int64_t peak_memory_bytes = -1;
+  /// What peak_memory_bytes is measured against: device memory (CUDA), the machine's RAM (CPU); -1: unknown.
   std::int64_t memory_limit_bytes = -1;
   /// The reading taken by summarize().
   memory::MemorySnapshot memory{};
@@ -76,16 +89,18 @@ struct Summary {
   std::optional<data::PipelineStats> pipeline{};
   /// What the loop already does (summarize(loop)), so that the advice names only what it does not.
   struct LoopFacts {
-    bool mixed_precision = false;  // amp::Bf16 or Fp16
-    bool fused_optimizer = false;  // optim::FusedAdam / FusedAdamW / FusedSGD
-    bool graphs = false;           // a hook that runs whole steps (graph::Capture)
-    bool conv = false;             // the model has 4-dimensional parameters
-    bool channels_last = false;    // ... and they are in channels-last layout
+    bool mixed_precision = false;  ///< the loop autocasts: amp::Bf16 or amp::Fp16
+    bool fused_optimizer = false;  ///< the optimizer is optim::FusedAdam / FusedAdamW / FusedSGD
+    bool graphs = false;           ///< a hook runs whole steps (graph::Capture)
+    bool conv = false;             ///< the model has 4-dimensional parameters
+    bool channels_last = false;    ///< ... and they are in channels-last layout
   };
+  /// What the loop already does, when summarize(loop) made the summary; empty otherwise.
   std::optional<LoopFacts> loop{};
   /// Lines from the loop's hooks that report (stability::Guard, memory::Watch), by summarize(loop).
   std::vector<std::string> notes{};
 
+  /// The summary of phase `p`: phases[p].
   const PhaseSummary& operator[](Phase p) const noexcept { return phases[static_cast<std::size_t>(p)]; }
 };
 
@@ -154,11 +169,13 @@ enum class Bottleneck { data, memory, launch, optimizer, compute };
 
 /// One finding and what to do about it.
 struct Advice {
+  /// Which kind of bottleneck this is.
   Bottleneck kind = Bottleneck::compute;
   /// What the figures show, with the numbers.
   std::string finding;
   /// What to try.
   std::string suggestion;
+  /// "finding: suggestion", one line.
   std::string text() const { return finding + ": " + suggestion; }
 };
 

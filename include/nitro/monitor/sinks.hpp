@@ -40,16 +40,21 @@ namespace nitro::monitor {
 
 /// One sample of a run's metrics. NaN (doubles) and -1 (byte counts) mean "not known".
 struct MetricRow {
+  /// The optimizer step the row is for.
   std::int64_t step = 0;
   /// Seconds since the run started.
   double time_s = 0;
+  /// The training loss at this step.
   double loss = std::numeric_limits<double>::quiet_NaN();
+  /// The learning rate at this step.
   double lr = std::numeric_limits<double>::quiet_NaN();
   /// The fp16 loss scale; NaN when there is none.
   double scale = std::numeric_limits<double>::quiet_NaN();
+  /// Training speed: samples (batch rows) per second.
   double samples_per_s = std::numeric_limits<double>::quiet_NaN();
   /// CUDA bytes allocated, or CPU resident bytes; -1 unknown.
   std::int64_t memory_bytes = -1;
+  /// The highest memory_bytes so far; -1 unknown.
   std::int64_t peak_memory_bytes = -1;
 };
 
@@ -199,14 +204,18 @@ static_assert(MetricSink<JsonLinesSink>);
 template <MetricSink... S>
 class Sinks {
  public:
+  /// Takes the sinks (moved in), written in the order given.
   explicit Sinks(S... sinks) : sinks_(std::move(sinks)...) {}
 
+  /// Writes `row` to every sink, in order.
   void write(const MetricRow& row) {
     std::apply([&](auto&... sink) { (sink.write(row), ...); }, sinks_);
   }
+  /// Flushes every sink.
   void flush() {
     std::apply([](auto&... sink) { (sink.flush(), ...); }, sinks_);
   }
+  /// Closes every sink.
   void close() {
     std::apply([](auto&... sink) { (sink.close(), ...); }, sinks_);
   }

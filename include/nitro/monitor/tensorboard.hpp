@@ -74,6 +74,7 @@ class TensorBoardSink {
  public:
   /// Creates `logdir` if needed and a new event file in it; throws nitro::Error if it cannot.
   NITRO_INLINE explicit TensorBoardSink(std::filesystem::path logdir, TensorBoardOptions options = {});
+  /// Takes over the open file of `other`; writing to `other` afterwards throws nitro::Error.
   NITRO_INLINE TensorBoardSink(TensorBoardSink&& other) noexcept;
   TensorBoardSink& operator=(TensorBoardSink&&) = delete;
   TensorBoardSink(const TensorBoardSink&) = delete;
@@ -89,9 +90,12 @@ class TensorBoardSink {
 
   /// Several scalars at one step, as one event.
   NITRO_INLINE void scalars(std::int64_t step, std::span<const std::pair<std::string_view, double>> values);
+  /// As above, for a brace list: `tb.scalars(step, {{"loss", 0.5}, {"lr", 1e-3}})`.
   NITRO_INLINE void scalars(std::int64_t step, std::initializer_list<std::pair<std::string_view, double>> values);
+  /// As above, for a vector.
   NITRO_INLINE void scalars(std::int64_t step, const std::vector<std::pair<std::string_view, double>>& values);
 
+  /// Flushes the event file.
   NITRO_INLINE void flush();
   /// Flushes, fsyncs (when fsync_every > 0) and closes; throws nitro::Error if that fails. Idempotent.
   NITRO_INLINE void close();

@@ -44,6 +44,7 @@ struct TraceOptions {
   bool with_stack = false;
   /// Trace (the policy): the first optimizer step recorded (0-based: 0 is the first step), and how many.
   std::int64_t start = 5;
+  /// Trace (the policy): how many optimizer steps to record, >= 1.
   std::int64_t steps = 3;
   /// Trace (the policy): record in every process (give each its own path); false: only rank 0.
   bool every_rank = false;
@@ -52,18 +53,25 @@ struct TraceOptions {
 /// Records from construction to stop() (or destruction) and writes the trace file then.
 class TraceScope {
  public:
+  /// Starts recording now, with `options` (start, steps and every_rank are the policy's and unused here).
+  /// Throws nitro::Error when the path is empty, its directory does not exist, or another profiler is
+  /// recording in this process.
   NITRO_INLINE explicit TraceScope(TraceOptions options);
+  /// Starts recording now into `path`, with the other options at their defaults; throws as above.
   NITRO_INLINE explicit TraceScope(std::filesystem::path path);
   TraceScope(const TraceScope&) = delete;
   TraceScope& operator=(const TraceScope&) = delete;
+  /// Stops and writes the file if still recording; errors are swallowed (call stop() to see them).
   NITRO_INLINE ~TraceScope();
 
   /// Stops recording and writes the file (GPU work is waited for first). Idempotent.
   NITRO_INLINE void stop();
 
+  /// Whether it is recording (before stop()).
   [[nodiscard]] bool recording() const noexcept { return on_; }
   /// Events the profiler kept (after stop()).
   [[nodiscard]] std::int64_t events() const noexcept { return events_; }
+  /// The trace file.
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return o_.path; }
 
  private:
@@ -75,13 +83,21 @@ class TraceScope {
 /// The hook policy: records optimizer steps start .. start + steps - 1 of a TrainingLoop.
 class Trace {
  public:
+  /// The policy family this belongs to (a hook of TrainingLoop).
   using family = family::Hook;
+  /// Name shown in reports and messages.
   static constexpr std::string_view name = "trace";
+  /// On: the loop calls its hooks.
   static constexpr bool enabled = true;
+  /// The knobs: TraceOptions.
   using Options = TraceOptions;
 
+  /// Throws nitro::Error when start < 0 or steps < 1.
   NITRO_INLINE explicit Trace(const Options& options);
 
+  /// Hook, called by the loop: at the first micro-batch of optimizer step `start`, starts recording (in
+  /// rank 0 only unless every_rank, and not while another profiler records); marks each recorded step.
+  /// Throws nitro::Error when the trace file's directory does not exist.
   template <class Loop>
   void on_step_begin(Loop& loop) {
     if (loop.pending_micro_batches() != 0) return;  // not the first micro-batch of an optimizer step
@@ -108,6 +124,8 @@ class Trace {
     }
   }
 
+  /// Hook, called by the loop: ends the step's mark, and after the last step recorded writes the file.
+  /// Throws nitro::Error when the file cannot be written.
   template <class Loop>
   void after_optimizer_step(Loop& loop, StepResult&) {
     mark_.reset();  // ends the step's range
@@ -118,8 +136,9 @@ class Trace {
     }
   }
 
-  /// The trace was written.
+  /// The policy is done: the trace was written, or it will not be recorded (report() says why).
   [[nodiscard]] bool done() const noexcept { return done_; }
+  /// One line for the monitor's report: where the trace is, or why it was not recorded.
   [[nodiscard]] NITRO_INLINE std::string report() const;
 
  private:

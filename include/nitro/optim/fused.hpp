@@ -512,7 +512,12 @@ class FusedSGD final : public detail::Fused<FusedSGD, torch::optim::SGD, torch::
   static constexpr std::string_view who = "nitro::optim::FusedSGD";
 
  public:
+  /// An optimizer over `groups` (e.g. optim::groups()), a group without options of its own taking
+  /// `defaults`. Throws nitro::Error naming the group when an option is out of range (lr, momentum or
+  /// weight_decay negative or not finite, dampening not finite, nesterov without momentum > 0 and
+  /// dampening 0).
   NITRO_INLINE FusedSGD(const std::vector<torch::optim::OptimizerParamGroup>& groups, torch::optim::SGDOptions defaults);
+  /// An optimizer over `params` in one group with `defaults`. Throws as the overload above.
   NITRO_INLINE FusedSGD(std::vector<at::Tensor> params, torch::optim::SGDOptions defaults);
 
  private:

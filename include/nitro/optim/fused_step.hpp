@@ -30,8 +30,8 @@ class DeviceStepRecord {
 
  protected:
   DeviceStepRecord() = default;
-  DeviceStepRecord(const DeviceStepRecord&) = default;
-  DeviceStepRecord& operator=(const DeviceStepRecord&) = default;
+  DeviceStepRecord(const DeviceStepRecord&) = default;  ///< For the optimizers' records (an abstract base).
+  DeviceStepRecord& operator=(const DeviceStepRecord&) = default;  ///< For the optimizers' records (an abstract base).
 };
 
 /// An optimizer that can step on gradients still multiplied by the loss scale, and step with the
@@ -77,8 +77,8 @@ class FusedStep {
 
  protected:
   FusedStep() = default;
-  FusedStep(const FusedStep&) = default;
-  FusedStep& operator=(const FusedStep&) = default;
+  FusedStep(const FusedStep&) = default;  ///< For the optimizers that implement it (an interface).
+  FusedStep& operator=(const FusedStep&) = default;  ///< For the optimizers that implement it (an interface).
 };
 
 }  // namespace nitro::optim

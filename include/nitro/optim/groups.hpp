@@ -51,23 +51,25 @@ namespace nitro::optim {
 
 /// Kinds of parameters a rule can match; combine with |.
 enum class Kind : unsigned { none = 0, bias = 1, norm = 2, embedding = 4 };
+/// Both kinds: a rule matching `Kind::bias | Kind::norm` matches either.
 constexpr Kind operator|(Kind a, Kind b) noexcept {
   return static_cast<Kind>(static_cast<unsigned>(a) | static_cast<unsigned>(b));
 }
+/// Whether `a` and `b` have a kind in common.
 constexpr bool any(Kind a, Kind b) noexcept { return (static_cast<unsigned>(a) & static_cast<unsigned>(b)) != 0; }
 
 /// Which parameters a rule applies to: names and kinds; each part given must match.
 struct Match {
-  std::vector<std::string> names;
-  Kind kinds = Kind::none;
+  std::vector<std::string> names;  ///< Name patterns, any of which may match (see the top); empty: any name.
+  Kind kinds = Kind::none;         ///< Kinds, any of which may match; Kind::none: any kind.
 };
 
 /// A rule: its name (for errors), what it matches, and its edit of the options.
 template <class Options>
 struct Rule {
-  std::string name;
-  Match match;
-  std::function<void(Options&)> edit;
+  std::string name;                    ///< Unique and not empty; errors name the rule by it.
+  Match match;                         ///< The parameters it applies to: names, kinds or both.
+  std::function<void(Options&)> edit;  ///< Changes the options of the groups it matches, e.g. `o.lr(1e-2)`.
 };
 
 namespace detail {

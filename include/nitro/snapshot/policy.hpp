@@ -134,12 +134,16 @@ NITRO_INLINE void prepare_directory(std::string_view who, const std::filesystem:
 /// dist::fetch_latest_snapshot copies it to each rank first: dist/snapshot.hpp).
 class Policy {
  public:
+  /// The policy family this belongs to (a hook of TrainingLoop).
   using family = nitro::family::Hook;
+  /// Name shown in reports, and the key of its state in snapshots.
   static constexpr std::string_view name = "snapshot";
+  /// On: the loop calls its hooks.
   static constexpr bool enabled = true;
   /// Its after_optimizer_step runs after every other hook's (train/hooks.hpp): a snapshot holds their
   /// updates of that step (an ema::Model's average), whatever the order of the loop's types.
   static constexpr bool sees_others_first = true;
+  /// Where, when and what to save.
   struct Options {
     /// Where the snapshots go (created if missing).
     std::filesystem::path directory;
@@ -153,15 +157,24 @@ class Policy {
     bool on_signal = true;
     /// Saved with the run (see snapshot::Contents).
     data::ResumableSampler* sampler = nullptr;
+    /// The caller's own state, saved with the run (see snapshot::Contents).
     StateDict* extras = nullptr;
+    /// fsync each snapshot and its directory before it counts as written (see SaveOptions::fsync).
     bool fsync = true;
   };
 
+  /// Checks the options, creates the directory (rank 0 removes a killed writer's temporary files) and,
+  /// with on_signal, installs the signal handlers. Throws nitro::Error when every_steps, every_minutes
+  /// or keep_last is out of range, nothing would ever be saved (no every_steps, no every_minutes, no
+  /// on_signal), the directory cannot be made, or on_signal is set while a snapshot::Run with on_signal
+  /// is live.
   NITRO_INLINE explicit Policy(const Options& options);
   Policy(const Policy&) = delete;
   Policy& operator=(const Policy&) = delete;
+  /// Puts the previous signal handlers back when this is the last live Policy (unless a signal stopped the run).
   NITRO_INLINE ~Policy();
 
+  /// Hook (train/hooks.hpp), called by the loop: saves when every_steps or every_minutes says so.
   template <class Loop>
   void after_optimizer_step(Loop& loop, StepResult&) {
     if (memory::detail::trial_loops != nullptr) return;  // a batch-size trial: put back afterwards, never saved
@@ -171,6 +184,8 @@ class Policy {
     if (by_steps || by_time) save_now(loop);
   }
 
+  /// Hook, called by the loop: with several processes, begins the ranks' vote on stopping at the last
+  /// micro-batch of each window.
   template <class Loop>
   void on_step_begin(Loop& loop) {
     // Inside a trial of memory::find_max_batch_size the step is put back afterwards: nothing is saved
@@ -182,6 +197,8 @@ class Policy {
     agreement_->begin(detail::signals_caught.load(std::memory_order_acquire) != seen_);
   }
 
+  /// Hook, called by the loop: on a signal (here, or on another rank by the vote), saves and sets
+  /// result.stop and result.stop_reason. Throws nitro::Error when the snapshot cannot be written.
   template <class Loop>
   void on_step_end(Loop& loop, StepResult& result, std::int64_t) {
     if (memory::detail::trial_loops != nullptr) return;
@@ -231,6 +248,7 @@ class Policy {
   [[nodiscard]] const std::optional<std::filesystem::path>& last_snapshot() const noexcept { return last_; }
   /// Snapshots written so far.
   [[nodiscard]] std::int64_t snapshots_written() const noexcept { return written_; }
+  /// The options the policy was made with.
   [[nodiscard]] const Options& options() const noexcept { return o_; }
 
  private:
@@ -272,6 +290,7 @@ class Policy {
 /// writes.
 class Run {
  public:
+  /// Where, when and what to save.
   struct Options {
     /// Where the snapshots go (created if missing).
     std::filesystem::path directory;
@@ -285,21 +304,29 @@ class Run {
     bool on_signal = true;
     /// Saved with the run (see snapshot::Contents).
     data::ResumableSampler* sampler = nullptr;
+    /// The caller's own state, saved with the run (see snapshot::Contents).
     StateDict* extras = nullptr;
+    /// fsync each snapshot and its directory before it counts as written (see SaveOptions::fsync).
     bool fsync = true;
   };
   /// What end_iteration() says.
   struct IterationEnd {
     /// A signal came (here or on another rank): the snapshot is written; return from the program.
     bool stop = false;
+    /// Why it stops: "SIGTERM", "SIGINT" or "signal on another rank"; empty when it does not.
     std::string_view stop_reason{};
     /// The snapshot written at this iteration's end, if one was.
     std::optional<std::filesystem::path> saved;
   };
 
+  /// Snapshots of `loops` (see snapshot::Named) into options.directory. Throws nitro::Error when every,
+  /// every_minutes or keep_last is out of range, nothing would ever be saved, no loop is given, two
+  /// loops share a name, a model or an optimizer, the directory cannot be made, or on_signal is set
+  /// while a snapshot::Policy with on_signal is live.
   NITRO_INLINE Run(const Options& options, std::vector<Named> loops);
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
+  /// Puts the previous signal handlers back when nothing else needs them (unless a signal stopped the run).
   NITRO_INLINE ~Run();
 
   /// Loads the newest snapshot of the directory that checks (snapshot::latest), if any: every loop,
@@ -319,7 +346,9 @@ class Run {
   [[nodiscard]] const std::optional<std::filesystem::path>& last_snapshot() const noexcept { return last_; }
   /// Snapshots this object wrote.
   [[nodiscard]] std::int64_t snapshots_written() const noexcept { return written_; }
+  /// The options the run was made with.
   [[nodiscard]] const Options& options() const noexcept { return o_; }
+  /// The loops saved, in the order given.
   [[nodiscard]] const std::vector<Named>& loops() const noexcept { return loops_; }
 
  private:

@@ -117,24 +117,27 @@ namespace nitro::snapshot {
 /// The version of the file layout this Nitro writes: 2, whose parts' checksums are XXH3. It reads
 /// versions 1 (XXH64) and 2.
 inline constexpr std::uint32_t format_version = 2;
+/// The oldest file layout this Nitro reads.
 inline constexpr std::uint32_t oldest_format_version = 1;
 
 /// What a snapshot's manifest says about it.
 struct Manifest {
+  /// One part of the file, as the manifest lists it.
   struct Part {
-    std::string name;
-    std::uint64_t offset = 0;
-    std::uint64_t bytes = 0;
-    std::uint64_t checksum = 0;  // XXH3 of the part's bytes (format version 1: XXH64)
+    std::string name;            ///< its name: "model", "optimizer", "loop", "hook/<name>", "<loop name>/model", ...
+    std::uint64_t offset = 0;    ///< where its bytes begin in the file
+    std::uint64_t bytes = 0;     ///< its length in bytes
+    std::uint64_t checksum = 0;  ///< XXH3 of the part's bytes (format version 1: XXH64)
   };
-  std::uint32_t format_version = 0;
-  std::string libtorch;  // "2.11.0"
-  std::string nitro;     // "0.1.0"
-  std::string time;      // UTC, ISO 8601
-  std::int64_t step = 0;       // the loop's optimizer steps (0 without a loop)
-  std::int64_t micro_step = 0; // micro-batches into the window
-  std::vector<Part> parts;
+  std::uint32_t format_version = 0;  ///< the file layout's version (1 or 2)
+  std::string libtorch;              ///< the LibTorch version that wrote it, e.g. "2.11.0"
+  std::string nitro;                 ///< the Nitro version that wrote it, e.g. "0.1.0"
+  std::string time;                  ///< when it was written: UTC, ISO 8601
+  std::int64_t step = 0;             ///< the step saved at: the loop's optimizer steps by default (0 without a loop)
+  std::int64_t micro_step = 0;       ///< micro-batches into the accumulation window
+  std::vector<Part> parts;           ///< every part, in file order
 
+  /// The part named `part`; null when the snapshot has none.
   [[nodiscard]] NITRO_INLINE const Part* find(std::string_view part) const noexcept;
 };
 
@@ -142,15 +145,16 @@ struct Manifest {
 /// A null pointer is not saved; on load, a part the snapshot has and the caller gives no object for
 /// is left unread, and an object given whose part the snapshot lacks is an error.
 struct Contents {
-  torch::nn::Module* model = nullptr;
-  torch::optim::Optimizer* optimizer = nullptr;
-  data::ResumableSampler* sampler = nullptr;
+  torch::nn::Module* model = nullptr;            ///< the model's parameters and buffers (and gradients), by name
+  torch::optim::Optimizer* optimizer = nullptr;  ///< the optimizer's groups, options and state
+  data::ResumableSampler* sampler = nullptr;     ///< the sampler's position (seed, epoch, index)
   /// The caller's own state: saved as it is; loading replaces *extras with what was saved.
   StateDict* extras = nullptr;
   /// The CPU and CUDA random generators.
   bool rng = true;
 };
 
+/// How to write a snapshot.
 struct SaveOptions {
   /// fsync the file and its directory before save() returns (off only for tests and benchmarks
   /// that measure the write alone).
@@ -304,12 +308,17 @@ NITRO_INLINE std::optional<std::pair<std::int64_t, std::int64_t>> snapshot_name_
 /// format version this Nitro reads (1 or 2).
 class Reader {
  public:
+  /// Opens `file` and checks its header, footer and manifest. Throws nitro::Error when it is not a
+  /// readable snapshot of format version 1 or 2 (the message says what is wrong).
   NITRO_INLINE explicit Reader(std::filesystem::path file);
 
+  /// What the manifest says: versions, time, step, and the parts.
   [[nodiscard]] const Manifest& manifest() const noexcept { return manifest_; }
+  /// The file.
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return file_; }
   /// The file's format version (1 or 2).
   [[nodiscard]] std::uint32_t format_version() const noexcept { return version_; }
+  /// Whether the snapshot has the part `part`.
   [[nodiscard]] bool has(std::string_view part) const noexcept { return manifest_.find(part) != nullptr; }
 
   /// The part decoded, its checksum checked. Throws nitro::Error naming the part when it is absent or damaged.
@@ -338,7 +347,7 @@ class Reader {
 [[nodiscard]] NITRO_INLINE std::optional<std::string> check(const std::filesystem::path& file);
 
 /// The snapshot files of a directory, named as snapshot::file_name() names them
-/// (snapshot-<step>-<micro>.nitro; other files, temporary ones included, are never listed), newest
+/// (snapshot-STEP-MICRO.nitro; other files, temporary ones included, are never listed), newest
 /// first by (step, micro-batch).
 [[nodiscard]] NITRO_INLINE std::vector<std::filesystem::path> list(const std::filesystem::path& directory);
 
@@ -515,9 +524,6 @@ NITRO_INLINE void save(const std::filesystem::path& file, const Contents& conten
 NITRO_INLINE Manifest load(const std::filesystem::path& file, const Contents& contents);
 
 
-/// Saves a TrainingLoop's whole run: its model, optimizer and State (hook policies' states as parts
-/// "hook/<name>"), the generators, and what `contents` adds (sampler, extras). Between steps, or
-/// from a hook; in the middle of an accumulation window the gradients so far are saved too.
 namespace detail {
 template <class Loop>
 LoopAccess loop_access(Loop& loop) {
@@ -608,6 +614,8 @@ Manifest load(const std::filesystem::path& file, Loop& loop, Contents contents =
 /// at the point of the outer loop the caller chooses. The name: 1 to 64 of [A-Za-z0-9_.-].
 class Named {
  public:
+  /// `loop` (a TrainingLoop or level::Auto, kept by reference) under `name`. Throws nitro::Error when
+  /// the name is not 1 to 64 of [A-Za-z0-9_.-].
   template <class Loop>
     requires requires(Loop& l) {
       l.state();
@@ -632,14 +640,17 @@ class Named {
                 "nitro::snapshot::Named: the loop's name \"", name_, "\" must be 1 to 64 of [A-Za-z0-9_.-] "
                 "(it prefixes the loop's parts in the file), e.g. \"generator\"");
   }
+  /// The loop's name, the prefix of its parts.
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  /// The loop's model.
   [[nodiscard]] torch::nn::Module& model() const noexcept { return *model_; }
   /// The optimizer the loop steps now (a level::Auto's can change when it adopts its choice).
   [[nodiscard]] torch::optim::Optimizer& optimizer() const { return optimizer_(); }
   /// The loop as save and load see it, now.
   [[nodiscard]] detail::LoopAccess access() const { return access_(); }
-  /// level::Auto only: takes the choice its loop part records (before load); after load.
+  /// level::Auto only: takes the choice its loop part records (before load); empty for any other loop.
   [[nodiscard]] const std::function<void(const StateDict&)>& adopt() const noexcept { return adopt_; }
+  /// level::Auto only: what it does after a load (empty for any other loop).
   [[nodiscard]] const std::function<void()>& after_load() const noexcept { return after_load_; }
 
  private:
@@ -666,6 +677,7 @@ struct NamedUnits {
 /// loop's optimizer steps.
 NITRO_INLINE void save(const std::filesystem::path& file, std::span<const Named> loops, const Contents& contents = {},
                  const SaveOptions& options = {});
+/// As above, for a brace list: `save(file, {{"generator", g_loop}, {"discriminator", d_loop}})`.
 NITRO_INLINE void save(const std::filesystem::path& file, std::initializer_list<Named> loops, const Contents& contents = {},
                  const SaveOptions& options = {});
 
@@ -673,6 +685,7 @@ NITRO_INLINE void save(const std::filesystem::path& file, std::initializer_list<
 /// policies and hooks, under its name); a snapshot of other loops changes nothing and throws
 /// nitro::Error naming the part. Returns the manifest (its step: the one saved).
 NITRO_INLINE Manifest load(const std::filesystem::path& file, std::span<const Named> loops, const Contents& contents = {});
+/// As above, for a brace list: `load(file, {{"generator", g_loop}, {"discriminator", d_loop}})`.
 NITRO_INLINE Manifest load(const std::filesystem::path& file, std::initializer_list<Named> loops, const Contents& contents = {});
 
 }  // namespace nitro::snapshot

@@ -35,10 +35,15 @@ namespace nitro::accumulate {
 
 /// One micro-batch per optimizer step.
 struct Off {
+  /// The policy family this belongs to.
   using family = nitro::family::Accumulation;
+  /// Name shown in reports and checked in snapshots.
   static constexpr std::string_view name = "off";
+  /// Off: the loop takes one micro-batch per optimizer step.
   static constexpr bool enabled = false;
+  /// No knobs.
   struct Options {};
+  /// One micro-batch per step.
   static constexpr std::int64_t steps(const Options&) noexcept { return 1; }
 };
 
@@ -48,37 +53,52 @@ template <std::int64_t N>
 struct Fixed {
   static_assert(N >= 1, "accumulate::Fixed<N>: N is the number of micro-batches per optimizer step and must be >= 1 "
                         "(use accumulate::Off for one)");
+  /// The policy family this belongs to.
   using family = nitro::family::Accumulation;
+  /// Name shown in reports and checked in snapshots.
   static constexpr std::string_view name = "fixed";
+  /// On when N > 1.
   static constexpr bool enabled = N > 1;
+  /// No knobs: N is in the type.
   struct Options {};
+  /// N micro-batches per step.
   static constexpr std::int64_t steps(const Options&) noexcept { return N; }
 };
 
 /// A run-time number of micro-batches per optimizer step.
 struct Dynamic {
+  /// The policy family this belongs to.
   using family = nitro::family::Accumulation;
+  /// Name shown in reports and checked in snapshots.
   static constexpr std::string_view name = "dynamic";
+  /// On: the loop counts micro-batches.
   static constexpr bool enabled = true;
+  /// The knobs.
   struct Options {
     /// Micro-batches per optimizer step, >= 1.
     std::int64_t steps = 1;
   };
+  /// o.steps micro-batches per step. Throws nitro::Error when it is below 1.
   NITRO_INLINE static std::int64_t steps(const Options& o);
   /// The options that reach `effective_batch` samples per step with micro-batches of `micro_batch`.
+  /// Throws nitro::Error unless micro_batch >= 1 and effective_batch is a positive multiple of it.
   NITRO_INLINE static Options for_batch(std::int64_t effective_batch, std::int64_t micro_batch);
 };
 
 /// One optimizer step per step() call; the batch is split into parts when memory runs out.
 struct Adaptive {
+  /// The policy family this belongs to.
   using family = nitro::family::Accumulation;
+  /// Name shown in reports and checked in snapshots.
   static constexpr std::string_view name = "adaptive";
+  /// On: the loop splits batches when memory runs out.
   static constexpr bool enabled = true;
   /// The loop splits its batch when memory runs out (the trait the loop checks).
   static constexpr bool splits_on_oom = true;
 
   /// What the loop reports when it splits (core/concepts.hpp).
   using SplitEvent = accumulate::SplitEvent;
+  /// The knobs.
   struct Options {
     /// Parts to start with, >= 1 (e.g. a split remembered from an earlier run).
     std::int64_t initial_split = 1;
@@ -88,6 +108,8 @@ struct Adaptive {
     /// Called on each split, e.g. to log it. Optional.
     std::function<void(const SplitEvent&)> on_split;
   };
+  /// One optimizer step per step() call: returns 1. Throws nitro::Error when initial_split is below 1,
+  /// or max_split is neither 0 nor >= initial_split.
   NITRO_INLINE static std::int64_t steps(const Options& o);
 };
 

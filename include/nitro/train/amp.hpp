@@ -40,9 +40,13 @@ namespace nitro {
 /// { nitro::AutocastGuard bf16{c10::DeviceType::CUDA, at::kBFloat16}; auto y = model->forward(x); }
 class AutocastGuard {
  public:
+  /// Enters the region: autocast on `device` set to `enabled` with `dtype`; the destructor restores
+  /// the previous state. `enabled = false` opens a region with autocast off (as torch.autocast(enabled=False)).
   NITRO_INLINE AutocastGuard(c10::DeviceType device, c10::ScalarType dtype, bool enabled = true);
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;
+  /// Leaves the region: restores the enabled state and dtype, and clears the cast cache when this was
+  /// the outermost region.
   NITRO_INLINE ~AutocastGuard();
 
  private:
@@ -53,11 +57,11 @@ class AutocastGuard {
 
 /// What a loss scaler saves: the keys of torch.amp.GradScaler.state_dict().
 struct LossScaleState {
-  double scale = 65536.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  std::int64_t growth_interval = 2000;
-  std::int64_t growth_tracker = 0;
+  double scale = 65536.0;               ///< the current loss scale
+  double growth_factor = 2.0;           ///< the factor the scale grows by after growth_interval finite steps
+  double backoff_factor = 0.5;          ///< the factor the scale shrinks by on a step with inf or NaN gradients
+  std::int64_t growth_interval = 2000;  ///< finite steps in a row before the scale grows
+  std::int64_t growth_tracker = 0;      ///< finite steps in a row so far, in [0, growth_interval)
 };
 
 namespace detail {
@@ -123,14 +127,17 @@ NITRO_INLINE at::Tensor nonfinite_flag(GradGroups& groups, c10::Device device);
 /// scales; nothing here synchronises the host with the device (the caller reads found_inf).
 class DynamicLossScale {
  public:
+  /// The scaler's knobs, torch.amp.GradScaler's defaults.
   struct Options {
-    double init_scale = 65536.0;
-    double growth_factor = 2.0;
-    double backoff_factor = 0.5;
-    std::int64_t growth_interval = 2000;
+    double init_scale = 65536.0;          ///< the scale of the first step, finite and > 0
+    double growth_factor = 2.0;           ///< the factor the scale grows by after growth_interval finite steps, > 1
+    double backoff_factor = 0.5;          ///< the factor the scale shrinks by on an inf/NaN step, in (0, 1)
+    std::int64_t growth_interval = 2000;  ///< finite steps in a row before the scale grows, >= 1
   };
 
+  /// A scaler with the default Options.
   NITRO_INLINE DynamicLossScale();
+  /// Throws nitro::Error when an option is out of its range (see Options).
   NITRO_INLINE explicit DynamicLossScale(Options options);
 
   /// loss * scale (the scale is created on the loss's device on first use).
@@ -149,8 +156,13 @@ class DynamicLossScale {
   /// The scale as a number; synchronises when the scale is on a GPU.
   double current_scale() const { return scale_.defined() ? scale_.item<double>() : o_.init_scale; }
 
+  /// The scale, factors and growth tracker, as GradScaler.state_dict() has them; synchronises when the
+  /// scale is on a GPU.
   NITRO_INLINE LossScaleState state_dict() const;
+  /// Restores a state_dict(). Throws nitro::Error when a value is out of its range (the scale not finite
+  /// and > 0, growth_tracker not in [0, growth_interval)); the scaler is then unchanged.
   NITRO_INLINE void load_state_dict(const LossScaleState& s);
+  /// The options in force (a loaded state replaces them).
   const Options& options() const noexcept { return o_; }
 
  private:
@@ -163,18 +175,31 @@ class DynamicLossScale {
 /// A fixed loss scale. Steps with inf/NaN gradients are still detected and skipped.
 class StaticLossScale {
  public:
+  /// The scaler's knobs.
   struct Options {
-    double scale = 1024.0;
+    double scale = 1024.0;  ///< the fixed loss scale, finite and > 0
   };
+  /// A scaler with the default scale, 1024.
   NITRO_INLINE StaticLossScale();
+  /// Throws nitro::Error when the scale is not finite and > 0.
   NITRO_INLINE explicit StaticLossScale(Options options);
+  /// loss * scale (the scale is created on the loss's device on first use).
   NITRO_INLINE at::Tensor scale(const at::Tensor& loss);
+  /// Unscales the gradients in place; returns found_inf, a float32 scalar that is > 0 when any gradient
+  /// was inf or NaN. Throws nitro::Error before any loss was scaled, or for float16 gradients.
   NITRO_INLINE at::Tensor unscale(detail::GradGroups& grads);
+  /// Does nothing: the scale is fixed.
   void update(const at::Tensor&) noexcept {}
+  /// The scale as a device tensor (undefined before the first loss).
   const at::Tensor& scale_tensor() const noexcept { return scale_; }
+  /// The scale as a number.
   double current_scale() const noexcept { return o_.scale; }
+  /// The scale, with factors 1 and growth interval 1 (it never changes).
   LossScaleState state_dict() const { return {o_.scale, 1.0, 1.0, 1, 0}; }
+  /// Takes the scale of a saved state; the other fields are ignored. Throws nitro::Error when the scale
+  /// is not finite and > 0.
   NITRO_INLINE void load_state_dict(const LossScaleState& s);
+  /// The options in force.
   const Options& options() const noexcept { return o_; }
 
  private:
@@ -188,20 +213,31 @@ namespace amp {
 
 /// fp32 everywhere.
 struct Off {
+  /// The policy family this belongs to.
   using family = nitro::family::Amp;
+  /// Name shown in reports and checked in snapshots.
   static constexpr std::string_view name = "fp32";
+  /// Off: the loop does no autocast and no scaling.
   static constexpr bool enabled = false;
+  /// No loss scaling.
   static constexpr bool scales_loss = false;
+  /// No knobs.
   struct Options {};
 };
 
 /// Autocast to bfloat16 on the model's device; no loss scaling (bf16 has fp32's range).
 struct Bf16 {
+  /// The policy family this belongs to.
   using family = nitro::family::Amp;
+  /// Name shown in reports and checked in snapshots.
   static constexpr std::string_view name = "bf16";
+  /// On: the loop autocasts the forward pass.
   static constexpr bool enabled = true;
+  /// No loss scaling: bfloat16 has float32's range.
   static constexpr bool scales_loss = false;
+  /// The type autocast casts to.
   static constexpr c10::ScalarType dtype = c10::ScalarType::BFloat16;
+  /// No knobs.
   struct Options {};
 };
 
@@ -212,12 +248,19 @@ struct Fp16 {
   static_assert(LossScaler<Scaler>,
                 "amp::Fp16<Scaler>: Scaler must be a loss scaler such as nitro::DynamicLossScale or "
                 "nitro::StaticLossScale (see nitro/train/amp.hpp); for bfloat16, which needs none, use amp::Bf16");
+  /// The policy family this belongs to.
   using family = nitro::family::Amp;
+  /// The loss scaler the loop makes from Options.
   using scaler_type = Scaler;
+  /// Name shown in reports and checked in snapshots.
   static constexpr std::string_view name = "fp16";
+  /// On: the loop autocasts the forward pass.
   static constexpr bool enabled = true;
+  /// The loss is scaled, and the gradients unscaled and checked for inf or NaN before the step.
   static constexpr bool scales_loss = true;
+  /// The type autocast casts to.
   static constexpr c10::ScalarType dtype = c10::ScalarType::Half;
+  /// The scaler's knobs (DynamicLossScale::Options by default).
   using Options = typename Scaler::Options;
 };
 

@@ -114,11 +114,12 @@ namespace nitro::tune {
 
 /// Whether to tune, or take the cache's choice.
 enum class Mode {
-  automatic,  // the cache's choice when it has one for this key, else tune and write it
-  off,        // no trials: the first candidate, the user's choices as they are
-  force,      // tune even when the cache has a choice, and rewrite it
+  automatic,  ///< the cache's choice when it has one for this key, else tune and write it (the default)
+  off,        ///< no trials: the first candidate, the user's choices as they are
+  force,      ///< tune even when the cache has a choice, and rewrite it
 };
 
+/// How nitro::autotune and level::Auto tune: trial lengths, what to try, the decision cache, logging.
 struct Options {
   /// Steps of each trial not timed (>= 1): allocations, cuDNN autotuning and graph capture.
   int warmup_steps = 2;
@@ -128,6 +129,7 @@ struct Options {
   /// median so far stops there, as does one whose last warm-up step is above 2 x prune times it
   /// (0 for prune_after: never stop early).
   int prune_after = 2;
+  /// The factor of the best median above which a trial stops early (see prune_after), > 1.
   double prune = 1.5;
   /// Batches drawn from make_batch (>= 1), once, then stepped in turn by every trial.
   int batches = 1;
@@ -160,6 +162,8 @@ struct Options {
   /// settings as the user made them (e.g. hw::Settings::reproducible()).
   bool hardware = true;
 
+  /// The default of cache_dir: $NITRO_AUTOTUNE_CACHE, else $XDG_CACHE_HOME/nitro/autotune, else
+  /// ~/.cache/nitro/autotune; empty (no cache) when none of them is set.
   NITRO_INLINE static std::filesystem::path default_cache_dir();
 };
 
@@ -175,38 +179,48 @@ std::function<std::function<void()>()> keep(T& object) {
 struct Choice {
   /// Index into the candidate list.
   std::size_t candidate = 0;
+  /// The model converted to channels-last.
   bool channels_last = false;
+  /// The loop steps a fused copy of the optimizer (optim/fused.hpp).
   bool fused_optimizer = false;
   /// Intra-op threads (CPU); 0: left as it is.
   int cpu_threads = 0;
   /// Parts each batch is split into (accumulate::Dynamic candidates only), >= 1.
   std::int64_t micro_batches = 1;
+  /// Equal when every field is.
   friend bool operator==(const Choice&, const Choice&) = default;
 };
 
 /// One trial.
 struct Trial {
+  /// The configuration tried.
   Choice choice;
   /// The candidate and choices in words: "level::Basic + fused optimizer, 1 thread".
   std::string name;
+  /// It ran to the end with a finite loss (and within the memory budget); false for a stopped trial.
   bool ok = false;
+  /// Its speed: samples (batch rows) per second at the median step time, 0 when it failed.
   double samples_per_s = 0;
-  /// The median step time, and the steps timed.
+  /// The median step time in milliseconds (a step: one whole accumulation window).
   double step_ms = 0;
+  /// Steps timed (the step_ms median is over these); 0 when it failed.
   int steps_timed = 0;
   /// Tensor bytes the steps allocated at most (-1: not measured).
   std::int64_t peak_bytes = -1;
-  /// "ok", "slower (stopped after 2 steps)", "out of memory", "non-finite loss", "error: ...".
+  /// "ok", "slower (stopped after 2 timed steps)", "slower (stopped in its warm-up)", "out of memory",
+  /// "non-finite loss", "error: ...".
   std::string verdict;
 };
 
 /// What tuning found.
 struct Result {
+  /// The configuration chosen.
   Choice choice;
   /// The chosen configuration in words.
   std::string name;
   /// "tuned", "cache", "off" (NITRO_AUTOTUNE or Options::mode) or "snapshot", or "given".
   std::string source;
+  /// Every trial, in the order run (empty when the choice came from the cache, a snapshot or adopt()).
   std::vector<Trial> trials;
   /// Seconds spent tuning (trials and putting back).
   double seconds = 0;
@@ -731,11 +745,14 @@ class Auto {
        ...);
 
  public:
+  /// The number of candidates.
   static constexpr std::size_t candidates = sizeof...(Candidates);
   /// The loop types, in order (the index of tune::Choice::candidate).
   using candidate_types = std::tuple<Candidates...>;
 
+  /// The loop's knobs: tuning, and each candidate's own options.
   struct Options {
+    /// How to tune (tune::Options).
     tune::Options tune{};
     /// Each candidate's options, in the order of the list.
     std::tuple<typename Candidates::Options...> loops{};
@@ -743,16 +760,22 @@ class Auto {
   /// The winner's State (std::monostate before it is chosen).
   using State = std::variant<std::monostate, typename Candidates::State...>;
 
+  /// A loop over `model` stepping `optimizer` (the user's; the loop may step a fused copy), with
+  /// default Options; nothing is tried until the first step. Throws nitro::Error when the model is null.
   Auto(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer)
       : Auto(std::move(model), optimizer, Options{}) {}
+  /// As above, with Options.
   Auto(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer, Options options)
       : model_{std::move(model), std::nullopt}, user_(&optimizer), o_(std::move(options)) {
     NITRO_CHECK(model_.module != nullptr, "level::Auto: the model is null");
   }
   template <class Impl>
+  /// A loop over a module holder (e.g. a torch::nn::Sequential, which a checkpointed candidate needs),
+  /// with default Options; nothing is tried until the first step.
   Auto(const torch::nn::ModuleHolder<Impl>& model, torch::optim::Optimizer& optimizer)
       : Auto(model, optimizer, Options{}) {}
   template <class Impl>
+  /// As above, with Options.
   Auto(const torch::nn::ModuleHolder<Impl>& model, torch::optim::Optimizer& optimizer, Options options)
       : model_(tune::detail::model_ref(model)), user_(&optimizer), o_(std::move(options)) {}
 
@@ -825,6 +848,8 @@ class Auto {
     });
   }
 
+  /// Steps on a partial accumulation window (TrainingLoop::flush); nothing before the loop has chosen, or
+  /// when the window is empty.
   std::optional<StepResult> flush() {
     if (!chosen()) return std::nullopt;
     if (fused_) tune::detail::copy_learning_rates(*user_, *fused_, seen_lr_);
@@ -845,6 +870,7 @@ class Auto {
         },
         loop_);
   }
+  /// visit() on a const loop.
   template <class F>
   decltype(auto) visit(F&& f) const {
     return std::visit(
@@ -875,12 +901,15 @@ class Auto {
   }
   /// What was tried and chosen (after the first step, tune() or adopt()).
   const tune::Result& result() const noexcept { return result_; }
+  /// The choice made (result().choice).
   const tune::Choice& choice() const noexcept { return result_.choice; }
   /// The choice in a few words, for a progress line: "auto: level::Basic + fused optimizer (cache)".
   std::string describe() const {
     return chosen() ? "auto: " + result_.name + " (" + result_.source + ")" : "auto: not chosen yet";
   }
 
+  /// The winner's state (TrainingLoop::State) in the variant, at the winner's index + 1. nitro::Error
+  /// before the loop has chosen.
   State state() const {
     State s;
     visit([&](const auto& loop) {
@@ -889,6 +918,8 @@ class Auto {
     });
     return s;
   }
+  /// Puts back a state() of this loop. Throws nitro::Error when it is of another candidate (or the loop
+  /// has not chosen), or the winner's load_state refuses it.
   void load_state(const State& s) {
     NITRO_CHECK(s.index() == loop_.index(), "level::Auto::load_state: the state is of another candidate (",
                 s.index(), " against ", loop_.index(), "; 0 is none)");
@@ -898,13 +929,19 @@ class Auto {
     });
   }
 
+  /// The model the loop trains.
   torch::nn::Module& model() noexcept { return *model_.module; }
   /// The optimizer the winner steps: the user's, or its fused copy (the fused choice).
   torch::optim::Optimizer& optimizer() noexcept { return fused_ ? *fused_ : *user_; }
+  /// Whether the winner steps a fused optimizer. nitro::Error before the loop has chosen, as the four below.
   bool fused_optimizer() const { return visit([](const auto& loop) { return loop.fused_optimizer(); }); }
+  /// The winner's optimizer steps taken (TrainingLoop::optimizer_steps).
   std::int64_t optimizer_steps() const { return visit([](const auto& l) { return l.optimizer_steps(); }); }
+  /// Micro-batches since the winner's last optimizer step.
   std::int64_t pending_micro_batches() const { return visit([](const auto& l) { return l.pending_micro_batches(); }); }
+  /// Optimizer steps the winner skipped (inf or NaN gradients).
   std::int64_t skipped_steps() const { return visit([](const auto& l) { return l.skipped_steps(); }); }
+  /// Micro-batches per optimizer step of the winner (a split choice counts each part).
   std::int64_t accumulation_steps() const { return visit([](const auto& l) { return l.accumulation_steps(); }); }
 
   /// The monitor's recorder, when every candidate has the same monitor policy.
@@ -925,6 +962,7 @@ class Auto {
   }
 
   // For snapshot::save and load (snapshot/snapshot.hpp): the choice as a part of the loop's.
+  /// For snapshot::save, not for direct use: the choice as StateDict entries under "autotune/".
   StateDict snapshot_choice() const {
     StateDict d;
     const auto& c = result_.choice;
@@ -945,6 +983,9 @@ class Auto {
     for (std::size_t i = 0; i < from.size() && i < to.size(); ++i) to[i].options().set_lr(from[i].options().get_lr());
     seen_lr_ = tune::detail::learning_rates(*user_);
   }
+  /// For snapshot::load, not for direct use: takes the choice a snapshot holds, without tuning (adopt()). Throws
+  /// nitro::Error when the snapshot holds none, holds a candidate not in this list, or this loop has
+  /// chosen differently already.
   void adopt_snapshot_choice(const StateDict& d) {
     constexpr std::string_view owner = "level::Auto: the snapshot's loop part";
     NITRO_CHECK(d.integers.contains("autotune/candidate"), "level::Auto: the snapshot holds no autotune choice: it was "

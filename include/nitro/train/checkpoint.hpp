@@ -253,9 +253,13 @@ auto run(Fn&& fn, const Tensors&... inputs) {
 
 /// Keep every activation.
 struct Off {
+  /// The policy family this belongs to.
   using family = nitro::family::Checkpoint;
+  /// Name shown in reports and messages.
   static constexpr std::string_view name = "off";
+  /// Off: nothing is recomputed.
   static constexpr bool enabled = false;
+  /// No knobs.
   struct Options {};
 };
 
@@ -265,19 +269,29 @@ template <std::int64_t S>
 struct Segments {
   static_assert(S >= 1, "checkpoint::Segments<S>: S is the number of segments and must be >= 1 "
                         "(use checkpoint::Off to keep every activation)");
+  /// The policy family this belongs to.
   using family = nitro::family::Checkpoint;
+  /// Name shown in reports and messages.
   static constexpr std::string_view name = "segments";
+  /// On: the loop's forward is checkpointed.
   static constexpr bool enabled = true;
+  /// No knobs: S is in the type.
   struct Options {};
+  /// S segments, whatever the number of layers.
   static constexpr std::int64_t segments(std::int64_t /*layers*/, const Options&) noexcept { return S; }
 };
 
 /// ceil(sqrt(n)) segments for n layers.
 struct Sqrt {
+  /// The policy family this belongs to.
   using family = nitro::family::Checkpoint;
+  /// Name shown in reports and messages.
   static constexpr std::string_view name = "sqrt";
+  /// On: the loop's forward is checkpointed.
   static constexpr bool enabled = true;
+  /// No knobs.
   struct Options {};
+  /// ceil(sqrt(layers)) segments, at least 1.
   NITRO_INLINE static std::int64_t segments(std::int64_t layers, const Options&);
 };
 

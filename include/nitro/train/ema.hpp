@@ -93,9 +93,13 @@ NITRO_INLINE bool averageable(const at::Tensor& t) noexcept;
 /// The exponential moving average of a TrainingLoop's model (see the top of this file).
 class Model {
  public:
+  /// The policy family this belongs to (a hook of TrainingLoop).
   using family = nitro::family::Hook;
+  /// Name shown in reports, and the key of its state in snapshots.
   static constexpr std::string_view name = "ema";
+  /// On: the loop calls its hooks.
   static constexpr bool enabled = true;
+  /// The knobs.
   struct Options {
     /// The decay the average tends to, in (0, 1): the weight of the old average at each update.
     double decay = 0.9999;
@@ -109,18 +113,19 @@ class Model {
     bool average_buffers = false;
   };
 
-  /// `device` is the model's (the loop's); a state loaded before the first step is put there.
+  /// `device` is the model's (the loop's); a state loaded before the first step is put there. Throws
+  /// nitro::Error when decay is not in (0, 1), tau is not finite and >= 0, or every < 1.
   NITRO_INLINE Model(const Options& options, const c10::Device& device);
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
 
-  // Before the forward of each micro-batch: the first one takes the model's tensors.
+  /// Before the forward of each micro-batch: the first one takes the model's tensors.
   template <class Loop>
   void on_step_begin(Loop& loop) {
     if (!bound_) [[unlikely]] bind(loop.model());
   }
 
-  // After each optimizer step: one taken (not skipped) counts, and every `every`-th updates.
+  /// After each optimizer step: one taken (not skipped) counts, and every `every`-th updates.
   template <class Loop>
   void after_optimizer_step(Loop& loop, StepResult& result) {
     if (!result.stepped) return;
@@ -140,6 +145,7 @@ class Model {
   [[nodiscard]] const NamedTensors& named_tensors() const noexcept { return ema_; }
   /// The average's tensor of that name; nitro::Error when there is none.
   [[nodiscard]] NITRO_INLINE const at::Tensor& tensor(std::string_view tensor_name) const;
+  /// The options the average was made with.
   [[nodiscard]] const Options& options() const noexcept { return o_; }
 
   /// Copies the average into `model` (an evaluation or export copy of the same architecture, on any

@@ -77,9 +77,9 @@ namespace nitro {
 /// device tensors, valid until the same work runs again (a captured graph's replay writes the same
 /// tensors).
 struct DeviceStep {
-  at::Tensor loss;       // the loss, detached
-  at::Tensor found_inf;  // float32 scalar, 1 when the step was skipped; undefined when it never is
-  at::Tensor grad_norm;  // clip::Norm's norm, or undefined
+  at::Tensor loss;       ///< the loss, detached
+  at::Tensor found_inf;  ///< float32 scalar, 1 when the step was skipped; undefined when it never is
+  at::Tensor grad_norm;  ///< clip::Norm's norm, or undefined
 };
 
 namespace detail {

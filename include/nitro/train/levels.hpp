@@ -37,8 +37,12 @@
 
 namespace nitro::level {
 
+/// fp32, no accumulation, no checkpointing: the baseline (see the top of this file).
 using Basic = TrainingLoop<amp::Off, accumulate::Off, checkpoint::Off>;
+/// bf16 autocast; with hardware<Advanced>(), cuDNN autotuning and TF32.
 using Advanced = TrainingLoop<amp::Bf16, accumulate::Off, checkpoint::Off>;
+/// Advanced plus accumulate::Dynamic, checkpoint::Sqrt, clip::Norm and stability::Guard: the least
+/// activation memory.
 using Ultra = TrainingLoop<amp::Bf16, accumulate::Dynamic, checkpoint::Sqrt, clip::Norm, stability::Guard>;
 
 

@@ -22,7 +22,7 @@
 //   raise              a nitro::Error naming the optimizer step, the first non-finite parameter
 //                      and the last good loss (the run stops; the state is left as it is)
 //   skip               the loop itself skips a step whose gradients are non-finite (amp::Fp16, or
-//                      LoopOptions::skip_nonfinite: one flag read per step): the guard counts those
+//                      TrainingLoop::Options::skip_nonfinite: one flag read per step): the guard counts those
 //                      steps (a non-finite loss makes its gradients non-finite, so it is one of them);
 //                      a non-finite parameter it still finds then raises
 //   none               count only (spikes' default): the check otherwise goes on as a clean one
@@ -33,7 +33,7 @@
 // loss and become the window. The losses are those StepResult carries (every step(), micro-batches
 // included, and graph::Capture's replays).
 //
-// With check_every = 1 the guard reads one small tensor per optimizer step (what LoopOptions::
+// With check_every = 1 the guard reads one small tensor per optimizer step (what TrainingLoop::Options::
 // skip_nonfinite costs); the default 10 reads one every 10 (bench_monitor's guard_overhead).
 #include <nitro/core/config.hpp>
 #include <nitro/core/concepts.hpp>
@@ -64,6 +64,10 @@
 
 namespace nitro::stability {
 
+/// `none`: count only; `skip`: the loop skips the step (amp::Fp16 or skip_nonfinite), the guard counts
+/// it; `restore`: put back the last good state; `restore_scale_lr`: restore, then scale every group's
+/// learning rate by lr_factor; `raise`: throw nitro::Error naming the step and the first non-finite
+/// parameter.
 /// What the guard does about what it finds (see the top of this file).
 enum class Action { none, skip, restore, restore_scale_lr, raise };
 
@@ -96,30 +100,47 @@ struct GuardOptions {
 
 /// What the guard has seen.
 struct GuardCounts {
+  /// Checks run (each one host read).
   std::int64_t checks = 0;
   /// Checks that found a non-finite loss or parameter, plus the steps the loop skipped.
   std::int64_t nonfinite = 0;
+  /// Checks that found a loss spike.
   std::int64_t spikes = 0;
+  /// Restores of the last good state.
   std::int64_t restores = 0;
+  /// Restores that also scaled the learning rate (restore_scale_lr).
   std::int64_t lr_scalings = 0;
   /// Optimizer steps the loop skipped (non-finite gradients, amp::Fp16 or skip_nonfinite).
   std::int64_t skipped = 0;
   /// The last loss a clean check saw, and the optimizer step of that check (NaN, -1: none yet).
   double last_good_loss = std::numeric_limits<double>::quiet_NaN();
+  /// The optimizer step of the check that saw last_good_loss (-1: none yet).
   std::int64_t last_good_step = -1;
 };
 
+/// A hook policy that watches for non-finite losses and parameters and for loss spikes, and acts on
+/// them (Action): see the top of this file.
 class Guard {
  public:
+  /// The policy family this belongs to (a hook of TrainingLoop).
   using family = family::Hook;
+  /// Name shown in reports, and the key of its state in snapshots.
   static constexpr std::string_view name = "stability_guard";
+  /// On: the loop calls its hooks.
   static constexpr bool enabled = true;
+  /// The knobs: GuardOptions.
   using Options = GuardOptions;
 
+  /// Throws nitro::Error for options out of range: on_nonfinite none, on_spike skip, check_every < 1,
+  /// backup_every not a multiple of check_every, lr_factor not in (0, 1], spike_window < 2, spike_min not
+  /// in [2, spike_window], spike_z not finite and > 0, max_restores < 1.
   NITRO_INLINE explicit Guard(const Options& options);
 
-  // At the end of every step() (each micro-batch; also a step replayed by graph::Capture and a batch
-  // accumulate::Adaptive split): its loss is kept, and after an optimizer step the check may run.
+  /// At the end of every step() (each micro-batch; also a step replayed by graph::Capture and a batch
+  /// accumulate::Adaptive split): its loss is kept, and after an optimizer step the check may run.
+  /// Throws nitro::Error when the action is raise, when a restore is needed before a good state was
+  /// kept or more than max_restores times in a row, and (at the first step) when on_nonfinite is skip
+  /// but the loop does not skip non-finite steps.
   template <class Loop>
   void on_step_end(Loop& loop, StepResult& r, std::int64_t /*rows*/) {
     if (!checked_setup_) setup(loop);
@@ -139,9 +160,11 @@ class Guard {
     r.restores = counts_.restores;
   }
 
+  /// What the guard has seen so far.
   [[nodiscard]] const GuardCounts& counts() const noexcept { return counts_; }
   /// A line for the monitor's report.
   [[nodiscard]] NITRO_INLINE std::string report() const;
+  /// The options the guard was made with.
   [[nodiscard]] const Options& options() const noexcept { return o_; }
   /// Whether a good state is kept on the host to restore.
   [[nodiscard]] bool has_backup() const noexcept { return backup_ != nullptr; }
@@ -149,6 +172,8 @@ class Guard {
   /// The counters and the spike window (the backup is not saved: a resumed run takes a new one at
   /// its first clean check).
   [[nodiscard]] NITRO_INLINE StateDict state_dict() const;
+  /// Puts back a state_dict(). Throws nitro::Error, changing nothing, for a state these options cannot
+  /// hold (a spike window longer than spike_window, a check count out of range).
   NITRO_INLINE void load_state_dict(const StateDict& s);
 
  private:

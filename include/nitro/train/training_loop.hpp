@@ -220,6 +220,7 @@ inline constexpr bool implicit_instantiation_refused = false;
                 "whose library holds them, and include the header that names the level (train/levels.hpp, "       \
                 "graph/capture.hpp for Max)")
 
+/// One training step with its policies chosen as types (see the top of this file).
 /// @tparam Policies any number, in any order, at most one per family: an AMP policy (default
 ///         amp::Off), an accumulation policy (accumulate::Off), a checkpoint policy (checkpoint::Off),
 ///         a clip policy (clip::Off), a monitor policy (monitor::Off), and any number of hook
@@ -240,14 +241,19 @@ class TrainingLoop {
                 "TrainingLoop: give at most one monitor policy");
 
  public:
+  /// The AMP policy (amp::Off when none is given).
   using amp_policy =
       typename detail::checked_amp<typename detail::find_policy<family::Amp, amp::Off, Policies...>::type>::type;
+  /// The accumulation policy (accumulate::Off when none is given).
   using accumulation_policy = typename detail::checked_accumulation<
       typename detail::find_policy<family::Accumulation, accumulate::Off, Policies...>::type>::type;
+  /// The checkpoint policy (checkpoint::Off when none is given).
   using checkpoint_policy = typename detail::checked_checkpoint<
       typename detail::find_policy<family::Checkpoint, checkpoint::Off, Policies...>::type>::type;
+  /// The clip policy (clip::Off when none is given).
   using clip_policy =
       typename detail::checked_clip<typename detail::find_policy<family::Clip, clip::Off, Policies...>::type>::type;
+  /// The monitor policy (monitor::Off when none is given).
   using monitor_policy = typename detail::checked_monitor<
       typename detail::find_policy<family::Monitor, monitor::Off, Policies...>::type>::type;
   /// The hook policies, in the order given, as a std::tuple of types.
@@ -264,11 +270,17 @@ class TrainingLoop {
                 "without spaces: it names the hook's part in snapshots");
 
  public:
+  /// The knobs of each policy, and the loop's own.
   struct Options {
+    /// The AMP policy's (the loss scaler's with amp::Fp16).
     typename Amp::Options amp{};
+    /// The accumulation policy's (e.g. `.accumulate = {.steps = 4}` with accumulate::Dynamic).
     typename Accumulation::Options accumulate{};
+    /// The checkpoint policy's.
     typename Checkpoint::Options checkpoint{};
+    /// The clip policy's (e.g. `.clip = {.max_norm = 1.0}` with clip::Norm).
     typename clip_policy::Options clip{};
+    /// The monitor policy's.
     typename monitor_policy::Options monitor{};
     /// The hook policies' options, in the order of the loop's type: `.hooks = {MyHook::Options{...}}`.
     typename Slots::options hooks{};
@@ -285,10 +297,13 @@ class TrainingLoop {
     /// Micro-batches since the last optimizer step: their gradients are in the parameters' .grad,
     /// which must be put back with the state.
     std::int64_t pending_micro_batches = 0;
+    /// Optimizer steps taken, skipped ones included.
     std::int64_t optimizer_steps = 0;
+    /// Optimizer steps skipped (inf or NaN gradients).
     std::int64_t skipped_steps = 0;
-    /// accumulate::Adaptive: parts each batch is split into, and splits made so far.
+    /// accumulate::Adaptive: parts each batch is split into now.
     std::int64_t split = 1;
+    /// accumulate::Adaptive: how many times a batch ran out of memory and the split doubled.
     std::int64_t splits_made = 0;
     /// amp::Fp16: the loss scaler's state (reading it synchronises with the device once).
     std::optional<LossScaleState> loss_scale;
@@ -299,12 +314,16 @@ class TrainingLoop {
   /// Any model: the loss function receives the batch only.
   TrainingLoop(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer)
       : TrainingLoop(std::move(model), optimizer, Options{}) {}
+  /// Any model, with options. Throws nitro::Error when the model is null, the optimizer has no
+  /// parameters, a policy refuses its options, or the AMP policy needs autocast on a device LibTorch has
+  /// none for.
   TrainingLoop(std::shared_ptr<torch::nn::Module> model, torch::optim::Optimizer& optimizer, Options options);
 
   /// A model held the LibTorch way (torch::nn::Linear, a TORCH_MODULE type, torch::nn::Sequential).
   template <class Impl>
   TrainingLoop(const torch::nn::ModuleHolder<Impl>& model, torch::optim::Optimizer& optimizer)
       : TrainingLoop(model, optimizer, Options{}) {}
+  /// A model held the LibTorch way, with options; throws as the constructor above.
   template <class Impl>
   TrainingLoop(const torch::nn::ModuleHolder<Impl>& model, torch::optim::Optimizer& optimizer, Options options)
       : model_(model.ptr()), optimizer_(&optimizer), o_(std::move(options)) {
@@ -348,7 +367,9 @@ class TrainingLoop {
   template <class Batch, class LossFn>
   class StepParts {
    public:
+    /// Made by the loop for one step.
     StepParts(TrainingLoop& loop, const Batch& batch, LossFn& loss_fn) : loop_(loop), batch_(batch), loss_fn_(loss_fn) {}
+    /// The batch of this step.
     const Batch& batch() const noexcept { return batch_; }
     /// The loop's own step of this batch (or of `batch`): every hook point called, as without the hook.
     StepResult eager() { return loop_.eager_step(batch_, loss_fn_); }
@@ -469,6 +490,7 @@ class TrainingLoop {
   {
     return std::get<0>(hooks_).hook.recorder;
   }
+  /// monitor() on a const loop.
   const auto& monitor() const noexcept
     requires(monitor_policy::enabled)
   {
@@ -482,6 +504,7 @@ class TrainingLoop {
     return std::get<Slots::template position<P>>(hooks_).hook;
   }
   template <class P>
+  /// hook() on a const loop.
   const P& hook() const noexcept {
     return std::get<Slots::template position<P>>(hooks_).hook;
   }
@@ -502,13 +525,19 @@ class TrainingLoop {
   /// The optimizer is one of optim/fused.hpp's (one fused kernel per group).
   bool fused_optimizer() const noexcept { return fused_ != nullptr; }
 
+  /// Micro-batches per optimizer step (the accumulation policy's, or set_accumulation_steps()).
   std::int64_t accumulation_steps() const noexcept { return window_; }
   /// Micro-batches since the last optimizer step.
   std::int64_t pending_micro_batches() const noexcept { return micro_; }
+  /// Optimizer steps taken, skipped ones included.
   std::int64_t optimizer_steps() const noexcept { return steps_; }
+  /// Optimizer steps skipped because the gradients held inf or NaN (amp::Fp16, skip_nonfinite).
   std::int64_t skipped_steps() const noexcept { return skipped_; }
+  /// The options the loop was made with (accumulate.steps follows set_accumulation_steps()).
   const Options& options() const noexcept { return o_; }
+  /// The model the loop trains.
   torch::nn::Module& model() noexcept { return *model_; }
+  /// The optimizer the loop steps (the one given).
   torch::optim::Optimizer& optimizer() noexcept { return *optimizer_; }
 
  private:

@@ -23,6 +23,7 @@ inline constexpr Slot no_slot = std::numeric_limits<Slot>::max();
 /// std::hash of an integer is the identity and the index uses the low bits.
 template <class Key>
 struct KeyHash {
+  /// std::hash<Key> of `key`, mixed so that every input bit reaches the low bits.
   std::uint64_t operator()(const Key& key) const noexcept {
     std::uint64_t x = static_cast<std::uint64_t>(std::hash<Key>{}(key));
     x ^= x >> 33;

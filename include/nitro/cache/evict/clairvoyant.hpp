@@ -42,16 +42,24 @@
 
 namespace nitro::evict {
 
+/// Belady's rule given the order of the gets to come: evicts the entry read again furthest in the
+/// future, or refuses the newcomer (the banner above says how it follows the order and when to use it).
 struct Clairvoyant {
+  /// The policy family this belongs to.
   using family = family::Eviction;
+  /// Name shown in reports and cache messages.
   static constexpr std::string_view name = "clairvoyant";
   /// Every get must reach the one evictor, in order: ShardedCache refuses this policy.
   static constexpr bool needs_global_order = true;
+  /// The policy's knobs.
   struct Options {
     /// The keys of the coming gets, in order (e.g. the concatenated orders of the coming epochs).
     std::vector<std::int64_t> accesses;
   };
 
+  /// The books for a cache of Key (convertible to std::int64_t): the order, the position in it, and the
+  /// entries held by next use. The members are what the cache calls (nitro::EvictorFor, plus on_miss),
+  /// then append() and a few to inspect.
   template <class Key>
   class Evictor {
     static_assert(std::is_convertible_v<const Key&, std::int64_t>,
@@ -59,8 +67,11 @@ struct Clairvoyant {
                   "order's keys (Options::accesses); use integer keys such as sample indices");
 
    public:
+    /// Made by the cache from the policy's options (the order) and its byte budget (not used). Throws
+    /// nitro::Error when the order holds 2^32 - 1 gets or more.
     Evictor(const Options& o, std::size_t) { append(o.accesses); }
 
+    /// Takes in slot `s` of `key`, with the position of the key's next get.
     void on_insert(const Key& key, cache::Slot s, std::size_t) {
       const std::int64_t k = static_cast<std::int64_t>(key);
       // The common case, put after a missed get of the same key, needs no search.
@@ -70,6 +81,7 @@ struct Clairvoyant {
       books_[s] = {next, k};
       resident_.emplace(next, k, s);
     }
+    /// A hit of `key`: advances the order one get and moves slot `s` to its key's next get.
     void on_access(const Key& key, cache::Slot s) {
       const Position next = consume(static_cast<std::int64_t>(key));
       Books& b = books_[s];
@@ -77,8 +89,12 @@ struct Clairvoyant {
       b.next = next;
       resident_.emplace(next, b.key, s);
     }
+    /// A miss of `key`: advances the order one get.
     void on_miss(const Key& key) { consume(static_cast<std::int64_t>(key)); }
+    /// Forgets slot `s` (an erase, or a put replacing it).
     void on_erase(cache::Slot s) { resident_.erase({books_[s].next, books_[s].key, s}); }
+    /// The slot whose next get is furthest (never read again counts as furthest; the larger key first among
+    /// equals), forgotten; it may be the newcomer. Nothing when empty.
     std::optional<cache::Slot> victim() {
       if (resident_.empty()) return std::nullopt;
       const auto last = std::prev(resident_.end());
@@ -92,6 +108,7 @@ struct Clairvoyant {
       books_.clear();
       has_last_ = false;
     }
+    /// The bytes these books hold: the order, the per-key position lists and the entries held (estimated).
     [[nodiscard]] std::size_t memory_bytes() const noexcept {
       // A set node is the tuple and three pointers and a colour; a hash node the pair, a vector and a next pointer.
       constexpr std::size_t set_node = sizeof(std::tuple<Position, std::int64_t, cache::Slot>) + 4 * sizeof(void*);
@@ -189,6 +206,8 @@ static_assert(EvictionPolicy<Clairvoyant>);
 }  // namespace nitro::evict
 
 namespace nitro {
+/// A single-threaded Belady cache of tensors by sample index (give it the order of the gets).
 using ClairvoyantCache_st = Cache_st<evict::Clairvoyant>;
+/// A thread-safe Belady cache of tensors by sample index (give it the order of the gets).
 using ClairvoyantCache_mt = Cache_mt<evict::Clairvoyant>;
 }  // namespace nitro

@@ -11,14 +11,20 @@
 
 namespace nitro::evict {
 
+/// Evicts the oldest insert; hits change nothing (the banner above says when to use it).
 struct Fifo {
+  /// The policy family this belongs to.
   using family = family::Eviction;
+  /// Name shown in reports and cache messages.
   static constexpr std::string_view name = "fifo";
+  /// No knobs.
   struct Options {};
 
+  /// The books for a cache of Key: a queue of the slots in insertion order.
   template <class Key>
   class Evictor : public cache::detail::QueueEvictor<Key, false> {
    public:
+    /// Made by the cache from the policy's options and its byte budget (not used).
     Evictor(const Options&, std::size_t) {}
   };
 };
@@ -27,6 +33,8 @@ static_assert(EvictionPolicy<Fifo>);
 }  // namespace nitro::evict
 
 namespace nitro {
+/// A single-threaded FIFO cache of tensors by sample index.
 using FifoCache_st = Cache_st<evict::Fifo>;
+/// A thread-safe FIFO cache of tensors by sample index.
 using FifoCache_mt = Cache_mt<evict::Fifo>;
 }  // namespace nitro

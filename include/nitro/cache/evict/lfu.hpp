@@ -23,23 +23,33 @@
 
 namespace nitro::evict {
 
+/// Evicts the least frequently used entry, the least recently used among equals (the banner above
+/// says when to use it).
 struct Lfu {
+  /// The policy family this belongs to.
   using family = family::Eviction;
+  /// Name shown in reports and cache messages.
   static constexpr std::string_view name = "lfu";
+  /// No knobs.
   struct Options {};
 
+  /// The books for a cache of Key: frequency buckets, each a queue of its slots. The members are what
+  /// the cache calls (nitro::EvictorFor).
   template <class Key>
   class Evictor {
    public:
+    /// Made by the cache from the policy's options and its byte budget (not used).
     Evictor(const Options&, std::size_t) {}
 
     // The newcomer waits outside the buckets until the cache has made room (see the banner).
+    /// Takes in slot `s` with a count of 1 once the cache has made room for it.
     void on_insert(const Key&, cache::Slot s, std::size_t) {
       admit_pending();
       links_.ensure(s);
       if (s >= bucket_of_.size()) bucket_of_.resize(std::max<std::size_t>(s + 1, 2 * bucket_of_.size()), no_bucket);
       pending_ = s;
     }
+    /// A hit: moves slot `s` up to the next frequency, at the back of its queue.
     void on_access(const Key&, cache::Slot s) {
       admit_pending();
       const Index b = bucket_of_[s];
@@ -51,6 +61,7 @@ struct Lfu {
       bucket_of_[s] = up;
       drop_if_empty(b);
     }
+    /// Forgets slot `s` (an erase, or a put replacing it).
     void on_erase(cache::Slot s) {
       if (s == pending_) {
         pending_ = cache::no_slot;
@@ -61,6 +72,8 @@ struct Lfu {
       buckets_[b].queue.remove(links_, s);
       drop_if_empty(b);
     }
+    /// The least frequently used slot, oldest first among equals (forgotten); the newcomer only when
+    /// nothing else is held; nothing when empty.
     std::optional<cache::Slot> victim() {
       if (head_ == no_bucket) {
         if (pending_ == cache::no_slot) return std::nullopt;
@@ -71,6 +84,7 @@ struct Lfu {
       drop_if_empty(b);
       return s;
     }
+    /// Forgets every slot.
     void clear() {
       links_.clear();
       bucket_of_.clear();
@@ -79,6 +93,7 @@ struct Lfu {
       head_ = no_bucket;
       pending_ = cache::no_slot;
     }
+    /// The bytes these books hold in their tables.
     [[nodiscard]] std::size_t memory_bytes() const noexcept {
       return links_.memory_bytes() + bucket_of_.capacity() * sizeof(Index) + buckets_.capacity() * sizeof(Bucket) +
              free_.capacity() * sizeof(Index);
@@ -143,6 +158,8 @@ static_assert(EvictionPolicy<Lfu>);
 }  // namespace nitro::evict
 
 namespace nitro {
+/// A single-threaded LFU cache of tensors by sample index.
 using LfuCache_st = Cache_st<evict::Lfu>;
+/// A thread-safe LFU cache of tensors by sample index.
 using LfuCache_mt = Cache_mt<evict::Lfu>;
 }  // namespace nitro

@@ -12,14 +12,20 @@
 
 namespace nitro::evict {
 
+/// Evicts the least recently used entry (the banner above says when to use it).
 struct Lru {
+  /// The policy family this belongs to.
   using family = family::Eviction;
+  /// Name shown in reports and cache messages.
   static constexpr std::string_view name = "lru";
+  /// No knobs.
   struct Options {};
 
+  /// The books for a cache of Key: a list of the slots, least recently used first.
   template <class Key>
   class Evictor : public cache::detail::QueueEvictor<Key, true> {
    public:
+    /// Made by the cache from the policy's options and its byte budget (not used).
     Evictor(const Options&, std::size_t) {}
   };
 };
@@ -28,6 +34,8 @@ static_assert(EvictionPolicy<Lru>);
 }  // namespace nitro::evict
 
 namespace nitro {
+/// A single-threaded LRU cache of tensors by sample index.
 using LruCache_st = Cache_st<evict::Lru>;
+/// A thread-safe LRU cache of tensors by sample index.
 using LruCache_mt = Cache_mt<evict::Lru>;
 }  // namespace nitro

@@ -29,15 +29,22 @@
 
 namespace nitro::evict {
 
+/// S3-FIFO: a small and a main FIFO queue and a ghost queue; scan resistant at FIFO's cost (the
+/// banner above says how it works and when to use it).
 struct S3Fifo {
+  /// The policy family this belongs to.
   using family = family::Eviction;
+  /// Name shown in reports and cache messages.
   static constexpr std::string_view name = "s3fifo";
+  /// The policy's knobs.
   struct Options {
     /// The share of the byte budget for the small queue S, in (0, 1); the paper's 10%.
     double small_ratio = 0.10;
   };
 
   // Queue fronts are the paper's tails (oldest).
+  /// The books for a cache of Key: the two queues, a hit count per slot and the ghost of key hashes.
+  /// The members are what the cache calls (nitro::EvictorFor), then a few to inspect.
   template <class Key>
   class Evictor {
     // G holds 64-bit hashes, not keys: eight bytes a key whatever the key, and for integer keys
@@ -45,12 +52,16 @@ struct S3Fifo {
     using Hash = cache::KeyHash<Key>;
 
    public:
+    /// Made by the cache from the policy's options and its byte budget in bytes (S's share is
+    /// small_ratio of it). Throws nitro::Error when small_ratio is not in (0, 1).
     Evictor(const Options& o, std::size_t capacity_bytes)
         : small_share_(o.small_ratio * static_cast<double>(capacity_bytes)) {
       NITRO_CHECK(o.small_ratio > 0.0 && o.small_ratio < 1.0, "evict::S3Fifo: small_ratio is ", o.small_ratio,
                   "; give the small queue's share of the budget in (0, 1), e.g. 0.10");
     }
 
+    /// Takes in slot `s` of `weight` bytes: bound for M if its key is in the ghost (it leaves the ghost),
+    /// else for S; it joins its queue after the evictions its put causes.
     void on_insert(const Key& key, cache::Slot s, std::size_t weight) {
       admit_pending();
       links_.ensure(s);
@@ -65,11 +76,13 @@ struct S3Fifo {
       }
       pending_ = s;
     }
+    /// A hit: raises slot `s`'s count, up to 3.
     void on_access(const Key&, cache::Slot s) noexcept {
       admit_pending();
       Books& b = books_[s];
       if (b.freq < max_freq) ++b.freq;
     }
+    /// Forgets slot `s` (an erase, or a put replacing it).
     void on_erase(cache::Slot s) noexcept {
       if (s == pending_) {
         pending_ = cache::no_slot;
@@ -83,6 +96,9 @@ struct S3Fifo {
         small_bytes_ -= books_[s].weight;
       }
     }
+    /// Evicts from S (promoting to M the entries read twice, sending the others' keys to the ghost) or from
+    /// M (giving each counted entry another round), and returns the slot dropped, forgotten. The newcomer
+    /// only when nothing else is held; nothing when empty.
     std::optional<cache::Slot> victim() {
       if (!small_.empty() && (static_cast<double>(small_bytes_) >= small_share_ || main_.empty())) {
         // Once S is picked, it gives up one entry or empties (libCacheSim's S3FIFO_evict_small).
@@ -116,6 +132,7 @@ struct S3Fifo {
       if (pending_ == cache::no_slot) return std::nullopt;
       return std::exchange(pending_, cache::no_slot);
     }
+    /// Forgets every slot and the ghost.
     void clear() {
       links_.clear();
       small_.clear();
@@ -127,6 +144,7 @@ struct S3Fifo {
       ghost_seq_ = 0;
       pending_ = cache::no_slot;
     }
+    /// The bytes these books hold: slot tables, the ghost's FIFO and hash table (estimated).
     [[nodiscard]] std::size_t memory_bytes() const noexcept {
       // The hash table's nodes and buckets, roughly: a node holds the pair and a next pointer.
       return links_.memory_bytes() + books_.capacity() * sizeof(Books) + ghost_fifo_.size() * sizeof(GhostEntry) +
@@ -135,8 +153,9 @@ struct S3Fifo {
 
     /// Whether `key` is in the ghost (for tests and diagnostics).
     [[nodiscard]] bool in_ghost(const Key& key) const { return ghost_.contains(Hash{}(key)); }
-    /// The entries in the small and main queues (the one being put counts in the queue it will join).
+    /// The entries in the small queue (the one being put counts in the queue it will join).
     [[nodiscard]] std::size_t small_size() const noexcept { return small_.size() + (pending_in(false) ? 1 : 0); }
+    /// The entries in the main queue (the one being put counts in the queue it will join).
     [[nodiscard]] std::size_t main_size() const noexcept { return main_.size() + (pending_in(true) ? 1 : 0); }
 
    private:
@@ -209,6 +228,8 @@ static_assert(EvictionPolicy<S3Fifo>);
 }  // namespace nitro::evict
 
 namespace nitro {
+/// A single-threaded S3-FIFO cache of tensors by sample index.
 using S3FifoCache_st = Cache_st<evict::S3Fifo>;
+/// A thread-safe S3-FIFO cache of tensors by sample index.
 using S3FifoCache_mt = Cache_mt<evict::S3Fifo>;
 }  // namespace nitro

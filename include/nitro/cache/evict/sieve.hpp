@@ -22,18 +22,27 @@
 
 namespace nitro::evict {
 
+/// SIEVE: a FIFO queue with a visited bit per entry and a moving hand (the banner above says when to
+/// use it).
 struct Sieve {
+  /// The policy family this belongs to.
   using family = family::Eviction;
+  /// Name shown in reports and cache messages.
   static constexpr std::string_view name = "sieve";
+  /// No knobs.
   struct Options {};
 
   // The queue's front is the paper's tail (oldest), its back the head (newest); the hand moves with
   // SlotLinks::next, toward the back.
+  /// The books for a cache of Key: the queue, a visited bit per slot and the hand. The members are what
+  /// the cache calls (nitro::EvictorFor).
   template <class Key>
   class Evictor {
    public:
+    /// Made by the cache from the policy's options and its byte budget (not used).
     Evictor(const Options&, std::size_t) {}
 
+    /// Takes in slot `s`, unvisited; it joins the queue after the evictions its put causes.
     void on_insert(const Key&, cache::Slot s, std::size_t) {
       admit_pending();
       links_.ensure(s);
@@ -41,10 +50,12 @@ struct Sieve {
       visited_[s] = 0;
       pending_ = s;
     }
+    /// A hit: marks slot `s` visited.
     void on_access(const Key&, cache::Slot s) noexcept {
       admit_pending();
       visited_[s] = 1;
     }
+    /// Forgets slot `s` (an erase, or a put replacing it), moving the hand past it.
     void on_erase(cache::Slot s) noexcept {
       if (s == pending_) {
         pending_ = cache::no_slot;
@@ -54,6 +65,8 @@ struct Sieve {
       if (s == hand_) hand_ = links_.next(s);
       queue_.remove(links_, s);
     }
+    /// Moves the hand from the oldest end, clearing visited bits, to the first unvisited slot, and
+    /// returns it (forgotten). The newcomer only when nothing else is held; nothing when empty.
     std::optional<cache::Slot> victim() noexcept {
       if (queue_.empty()) {
         if (pending_ == cache::no_slot) return std::nullopt;
@@ -69,12 +82,14 @@ struct Sieve {
       queue_.remove(links_, s);
       return s;
     }
+    /// Forgets every slot.
     void clear() {
       links_.clear();
       queue_.clear();
       visited_.clear();
       hand_ = pending_ = cache::no_slot;
     }
+    /// The bytes these books hold in their tables.
     [[nodiscard]] std::size_t memory_bytes() const noexcept { return links_.memory_bytes() + visited_.capacity(); }
 
    private:
@@ -95,6 +110,8 @@ static_assert(EvictionPolicy<Sieve>);
 }  // namespace nitro::evict
 
 namespace nitro {
+/// A single-threaded SIEVE cache of tensors by sample index.
 using SieveCache_st = Cache_st<evict::Sieve>;
+/// A thread-safe SIEVE cache of tensors by sample index.
 using SieveCache_mt = Cache_mt<evict::Sieve>;
 }  // namespace nitro

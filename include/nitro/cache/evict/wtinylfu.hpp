@@ -78,9 +78,14 @@ class FrequencySketch {
 
 }  // namespace detail
 
+/// W-TinyLFU (Caffeine's): an LRU window, a segmented LRU main area and a frequency sketch that decides
+/// admission; for skewed, repeated reads (the banner above says how it works and when to use it).
 struct WTinyLfu {
+  /// The policy family this belongs to.
   using family = family::Eviction;
+  /// Name shown in reports and cache messages.
   static constexpr std::string_view name = "wtinylfu";
+  /// The policy's knobs.
   struct Options {
     /// Share of the byte budget for the LRU window that takes newcomers, in (0, 1).
     double window_share = 0.01;
@@ -94,11 +99,15 @@ struct WTinyLfu {
     std::uint32_t sample_factor = 10;
   };
 
+  /// The books for a cache of Key: the window, probation and protected queues and the frequency sketch.
+  /// The members are what the cache calls (nitro::EvictorFor), then a few to inspect.
   template <class Key>
   class Evictor {
     enum Queue : std::uint8_t { window, probation, protect };
 
    public:
+    /// Made by the cache from the policy's options and its byte budget in bytes. Throws nitro::Error when
+    /// window_share or protected_share is not in (0, 1), or sample_factor is 0.
     Evictor(const Options& o, std::size_t capacity) : sample_factor_(o.sample_factor), expected_(o.expected_entries) {
       NITRO_CHECK(o.window_share > 0 && o.window_share < 1, "evict::WTinyLfu: window_share is ", o.window_share,
                   "; give a share of the budget in (0, 1), e.g. 0.01");
@@ -112,6 +121,8 @@ struct WTinyLfu {
       sketch_.ensure_capacity(2 * expected_, sample_factor_);
     }
 
+    /// Takes in slot `s` of `w` bytes at the window's back and counts its key in the sketch; what overflows
+    /// the window moves to probation and becomes the candidate for admission.
     void on_insert(const Key& key, cache::Slot s, std::size_t w) {
       if (s >= weight_.size()) {
         links_.ensure(s);
@@ -142,6 +153,8 @@ struct WTinyLfu {
       }
     }
 
+    /// A hit: counts the key; in the window or protected area it moves to the back, on probation it is
+    /// promoted to protected (demoting protected's oldest to probation while over its share).
     void on_access(const Key&, cache::Slot s) {
       sketch_.increment(hash_[s]);
       switch (queue_[s]) {
@@ -164,6 +177,7 @@ struct WTinyLfu {
       }
     }
 
+    /// Forgets slot `s` (an erase, or a put replacing it).
     void on_erase(cache::Slot s) { drop(s); }
 
     /// Caffeine's evictFromMain, one eviction per call: the candidate (oldest of those that just
@@ -193,6 +207,7 @@ struct WTinyLfu {
       return evict;
     }
 
+    /// Forgets every slot and every count.
     void clear() {
       links_.clear();
       window_q_.clear();
@@ -206,14 +221,18 @@ struct WTinyLfu {
       candidate_ = cache::no_slot;
       sketch_.clear();
     }
+    /// The bytes these books hold: slot tables and the sketch.
     [[nodiscard]] std::size_t memory_bytes() const noexcept {
       return links_.memory_bytes() + weight_.capacity() * sizeof(std::size_t) + queue_.capacity() +
              hash_.capacity() * sizeof(std::uint64_t) + sketch_.memory_bytes();
     }
-    /// Bytes in the window, probation and protected areas (for tests and tuning).
+    /// Bytes in the window (for tests and tuning, as the two below).
     [[nodiscard]] std::size_t window_bytes() const noexcept { return bytes_[window]; }
+    /// Bytes in the probation area.
     [[nodiscard]] std::size_t probation_bytes() const noexcept { return bytes_[probation]; }
+    /// Bytes in the protected area.
     [[nodiscard]] std::size_t protected_bytes() const noexcept { return bytes_[protect]; }
+    /// The sketch's estimate of how often `key` was seen, 0 to 15.
     [[nodiscard]] unsigned frequency(const Key& key) const noexcept { return sketch_.frequency(cache::KeyHash<Key>{}(key)); }
 
    private:
@@ -258,7 +277,9 @@ static_assert(EvictionPolicy<WTinyLfu>);
 }  // namespace nitro::evict
 
 namespace nitro {
+/// A single-threaded W-TinyLFU cache of tensors by sample index.
 using WTinyLfuCache_st = Cache_st<evict::WTinyLfu>;
+/// A thread-safe W-TinyLFU cache of tensors by sample index.
 using WTinyLfuCache_mt = Cache_mt<evict::WTinyLfu>;
 }  // namespace nitro
 
