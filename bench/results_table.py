@@ -53,6 +53,7 @@ HEADLINES = [
     ("make_test_seconds", "cpu", "`make test` on a fresh clone, dependencies present (seconds)"),
     ("make_demo_first_seconds", "cpu", "the first `make demo` after it: release build and training (seconds)"),
     ("make_demo_again_seconds", "cpu", "`make demo` again (seconds)"),
+    ("make_demo_training_seconds", "cpu", "of which training, all levels (seconds)"),
 ]
 
 
