@@ -25,6 +25,8 @@ PRESET ?= dev
 JOBS ?= $(shell nproc)
 BUILD := $(if $(filter dev,$(PRESET)),build,build-$(PRESET))
 DEPS := build/deps.cmake
+# A recipe's shell command printing the python cmake/deps.sh found (NITRO_PYTHON in $(DEPS)), or nothing.
+DEPS_PYTHON := sed -n 's/^set(NITRO_PYTHON "\(.*\)" CACHE.*/\1/p' $(DEPS) 2>/dev/null
 
 .PHONY: test demo plot bench build configure deps clean sanitize fuzz docs examples
 .DEFAULT_GOAL := test
@@ -54,21 +56,21 @@ demo:
 	cmake --build --preset release -j $(JOBS) --target levels
 	build-release/examples/levels --metrics build-release/demo-metrics $(DEMO_ARGS)
 	@$(MAKE) --no-print-directory plot || echo "make demo: no plot drawn (see above); the metrics files are written"
-	@py=$$(sed -n 's/^set(NITRO_PYTHON "\(.*\)" CACHE.*/\1/p' $(DEPS) 2>/dev/null); \
+	@py=$$($(DEPS_PYTHON)); \
 	  tb=$$(dirname "$${py:-python3}")/tensorboard; [ -x "$$tb" ] || tb=tensorboard; \
 	  echo "make demo: view the runs with:  $$tb --logdir build-release/demo-metrics/tensorboard"; \
 	  echo "make demo: the trace: build-release/demo-metrics/basic.trace.json (https://ui.perfetto.dev, Open trace file)"
 
 # Draws the metrics of the last `make demo` (bench/plot_metrics.py, with the python cmake/deps.sh found).
 plot:
-	@py=$$(sed -n 's/^set(NITRO_PYTHON "\(.*\)" CACHE.*/\1/p' $(DEPS) 2>/dev/null); \
+	@py=$$($(DEPS_PYTHON)); \
 	  "$${py:-python3}" bench/plot_metrics.py build-release/demo-metrics/*.jsonl \
 	    -o build-release/demo-metrics/metrics.png --window 5 --title "make demo: the levels, CPU"
 
 bench:
 	$(MAKE) configure PRESET=release
 	cmake --build --preset release -j $(JOBS) --target nitro_benchmarks
-	@py=$$(sed -n 's/^set(NITRO_PYTHON "\(.*\)" CACHE.*/\1/p' $(DEPS) 2>/dev/null); \
+	@py=$$($(DEPS_PYTHON)); \
 	  for b in build-release/bench/bench_*; do [ -x "$$b" ] && "$${py:-python3}" bench/record.py -- "$$b"; done; true
 
 ASAN_AREAS := core hw data train memory monitor io snapshot optim graph cache image
@@ -83,7 +85,7 @@ sanitize:
 	ctest --preset tsan -j $(JOBS) -L '^($(subst $(space),|,$(TSAN_AREAS)))$$'
 
 docs: deps
-	@py=$$(sed -n 's/^set(NITRO_PYTHON "\(.*\)" CACHE.*/\1/p' $(DEPS) 2>/dev/null); \
+	@py=$$($(DEPS_PYTHON)); \
 	  "$${py:-python3}" bench/results_table.py && "$${py:-python3}" bench/status.py
 	@command -v doxygen >/dev/null || { echo "make docs: doxygen is missing (apt-get install doxygen)"; exit 1; }
 	@mkdir -p build/docs/api

@@ -10,11 +10,12 @@ The GPU machines a feature's benchmarks ran on are those of bench/results/<gpu>/
 nothing and exits 1 when FILE is not what the sources and results give.
 """
 import argparse
-import glob
-import json
 import os
 import re
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results_table  # noqa: E402  (bench/results_table.py: the recorded runs, read once)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -85,27 +86,17 @@ def count_cases(files):
 
 
 def load_results():
-    """name -> list of (value, op, goal, verdict, machine, date), CPU runs first."""
+    """name -> list of (value, op, goal, verdict, machine, date), CPU runs first (results_table.load)."""
     out = {}
-    paths = sorted(glob.glob(os.path.join(HERE, "results", "*.json"))) + \
-        sorted(glob.glob(os.path.join(HERE, "results", "*", "*.json")))
-    for path in paths:
-        try:
-            record = json.load(open(path))
-        except (OSError, json.JSONDecodeError) as e:
-            sys.exit(f"status.py: {path} cannot be read as a recorded run ({e}); run its benchmark again")
+    for record in results_table.load(os.path.join(HERE, "results")):
         machine = record.get("machine") or {}
         gpus = machine.get("gpus") or []
-        cpu = machine.get("cpu") if machine.get("cpu") not in (None, "", "unknown") else f"{machine.get('cpus', '?')} CPUs"
+        cpu = machine["cpu"] if results_table.known(machine.get("cpu")) else f"{machine.get('cpus', '?')} CPUs"
         where = f"{cpu} + {gpus[0].split(',')[0]}" if gpus else cpu
         for r in record.get("results", []):
             out.setdefault(r["name"], []).append((r["value"], r["op"], r["goal"], r["verdict"], where,
                                                   record.get("date", "")[:10]))
     return out
-
-
-def value_text(v):
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 def page():
@@ -124,7 +115,7 @@ def page():
         measured = []
         for name in names:
             for value, op, goal, verdict, where, date in results.get(name, []):
-                measured.append(f"`{name}` {value_text(value)} ({op} {value_text(goal)}, {verdict}; {where}, {date})")
+                measured.append(f"`{name}` {results_table.value_text(value)} ({op} {results_table.value_text(goal)}, {verdict}; {where}, {date})")
         lines.append(f"| [{feature}]({guide}) | {cpu} | {gpu} | {'<br>'.join(measured) or 'none recorded'} |")
     return "\n".join(lines) + "\n", problems
 
