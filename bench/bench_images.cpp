@@ -32,15 +32,35 @@
 //       worker on both sides (here at::set_num_threads(1), which worker threads inherit; DataLoader
 //       sets 1 in its worker processes). One epoch per round after an untimed epoch (Python: a fresh
 //       process per round, its start-up and first epoch untimed), alternating, medians
+//   RESULT images_vs_dali_cpu=<samples/s of Nitro's ImageFolder pipeline / NVIDIA DALI's CPU pipeline>
+//       goal>=1.3
+//       Nitro: the pipeline of image_folder_vs_dataloader (the same object, --workers threads, batches
+//       of 64, float [64, 3, 224, 224]): each sample's crop drawn as torchvision's RandomResizedCrop,
+//       then only the crop's region decoded (image::DecodeOptions::partial: the rows above it
+//       entropy-decoded only, the rows below it not at all, the columns beside it neither transformed
+//       nor upsampled), resized to 224x224 (antialiased bilinear), flipped and normalised on the
+//       workers. A crop at least twice 224 each way would be decoded at 1/2 (PIL's draft rule); in
+//       these 500x375 files none is (375 < 448): both sides decode at full scale.
+//       DALI: bench/images_dali.py, CPU only (device_id=None): fn.readers.file (random shuffle) ->
+//       fn.decoders.image_random_crop (RGB, random_area [0.08, 1], random_aspect_ratio [3/4, 4/3]; it
+//       decodes only the crop's region) -> fn.resize 224x224 (linear, antialiased) ->
+//       fn.crop_mirror_normalize (coin_flip mirror, ImageNet mean and std x 255, float CHW), batch 64,
+//       num_threads --workers (besides its reader's and executor's threads; Nitro: --workers workers
+//       and the consuming thread); its batches stay DALI's (no copy into torch). Each side one epoch a
+//       round after an untimed one (DALI: a fresh process per round, its start-up and first epoch
+//       untimed), alternating, medians. An info line gives one thread's decode of the crops' regions
+//       against whole decodes. DALI (the PyPI wheel nvidia-dali-cuda130, which runs without a GPU) is
+//       installed into the Python on first use (images_dali.py --mode install; NITRO_BENCH_NO_INSTALL=1
+//       skips it); where it cannot be, the line is skipped, saying so
 //   RESULT packed_vs_folder=<samples/s of that pipeline reading a packed file (data::PackedImages) /
 //       reading the folder> goal>=1.0
 //       the same files' bytes written once by data::PackedWriter; the same crops (the same seed and
 //       epochs); both from the page cache; alternating epochs, medians
 //
 //   build-release/bench/bench_images [--images 640] [--classes 10] [--workers 2] [--rounds 5]
-//       [--decode-files 256] [--parts decode,draft,loader,packed]
+//       [--decode-files 256] [--parts decode,draft,loader,dali,packed]
 // The Python: $NITRO_PYTHON, else /root/.cache/nitro/torch-2.11.0/bin/python where it exists, else
-// python3. Without Pillow (or torchvision) the RESULT lines that need them are skipped, saying so.
+// python3. Without Pillow (or torchvision, or DALI) the RESULT lines that need them are skipped, saying so.
 #include <nitro/core/config.hpp>
 #include <nitro/data/augment.hpp>
 #include <nitro/data/image.hpp>
@@ -61,6 +81,7 @@
 #include <ATen/Parallel.h>
 
 #include "common.hpp"
+#include "python.hpp"
 
 #include <unistd.h>
 
@@ -99,7 +120,7 @@ struct Args {
   std::size_t workers = 2;
   int rounds = 5;
   std::int64_t decode_files = 256;
-  std::string parts = "decode,draft,loader,packed";
+  std::string parts = "decode,draft,loader,dali,packed";
   [[nodiscard]] bool want(const std::string& part) const {
     return ("," + parts + ",").find("," + part + ",") != std::string::npos;
   }
@@ -121,7 +142,7 @@ Args parse(int argc, char** argv) {
     else if (arg == "--parts") a.parts = value();
     else nitro::detail::fail("bench_images: unknown option ", arg,
                              "; use --images N, --classes C, --workers W, --rounds R, --decode-files F, "
-                             "--parts decode,draft,loader,packed");
+                             "--parts decode,draft,loader,dali,packed");
   }
   NITRO_CHECK(a.images >= 64 && a.classes >= 1 && a.classes <= a.images && a.workers >= 1 && a.rounds >= 1 &&
                   a.decode_files >= 1,
@@ -154,49 +175,11 @@ std::string load_average() {
 
 // ---- Python ------------------------------------------------------------------------------------
 
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using nitro::bench::find_python;
+using nitro::bench::run_lines;
+using nitro::bench::shell_quote;
 
-std::string find_python() {
-  if (const char* p = std::getenv("NITRO_PYTHON"); p != nullptr && *p != '\0') return p;
-  const std::string cached = "/root/.cache/nitro/torch-2.11.0/bin/python";
-  std::error_code ec;
-  if (fs::exists(cached, ec)) return cached;
-  return "python3";
-}
-
-/// Runs `command` (stderr joined to stdout); its lines, and whether it exited with 0.
-std::pair<std::vector<std::string>, bool> run_lines(const std::string& command) {
-  std::vector<std::string> lines;
-  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
-  if (p == nullptr) return {lines, false};
-  std::string line;
-  char buffer[4096];
-  while (std::fgets(buffer, sizeof buffer, p) != nullptr) {
-    line += buffer;
-    if (!line.empty() && line.back() == '\n') {
-      line.pop_back();
-      lines.push_back(std::move(line));
-      line.clear();
-    }
-  }
-  if (!line.empty()) lines.push_back(line);
-  const int status = ::pclose(p);
-  return {lines, status == 0};
-}
-
-/// The value of `key=` on the last line that has it.
-std::optional<double> value_of(const std::vector<std::string>& lines, const std::string& key) {
-  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
-    const auto at = it->find(key + "=");
-    if (at == std::string::npos || (at > 0 && (*it)[at - 1] != ' ')) continue;
-    return std::strtod(it->c_str() + at + key.size() + 1, nullptr);
-  }
-  return std::nullopt;
-}
+using nitro::bench::value_of;
 
 struct Python {
   std::string exe;
@@ -237,6 +220,28 @@ Python find_peer() {
     std::printf("python: %s has no working torchvision: the DataLoader comparison is skipped\n", py.exe.c_str());
   }
   return py;
+}
+
+/// bench/images_dali.py, with DALI installed into the Python on first use (--mode install: pip, the
+/// Python's torch pinned); has_dali false (and why printed) where it is not there and cannot be.
+struct Dali {
+  Python py;
+  bool has_dali = false;
+};
+
+Dali find_dali(const std::string& exe) {
+  Dali d{{exe, std::string(NITRO_SOURCE_DIR) + "/bench/images_dali.py"}};
+  std::error_code ec;
+  if (!fs::exists(d.py.script, ec)) {
+    std::printf("dali: %s is missing: images_vs_dali_cpu is skipped\n", d.py.script.c_str());
+    return d;
+  }
+  auto [lines, ok] = run_lines(shell_quote(exe) + " " + shell_quote(d.py.script) + " --root . --mode install");
+  d.has_dali = ok && value_of(lines, "has_dali").value_or(0) == 1;
+  for (const auto& l : lines)
+    if (d.has_dali ? l.rfind("info:", 0) == 0 || l.rfind("images_dali:", 0) == 0 : true) std::printf("dali | %s\n", l.c_str());
+  if (!d.has_dali) std::printf("dali: %s has no working nvidia.dali: images_vs_dali_cpu is skipped\n", exe.c_str());
+  return d;
 }
 
 // ---- the images ----------------------------------------------------------------------------------
@@ -417,6 +422,7 @@ int main(int argc, char** argv) try {
               "DataLoader's workers); load average %s\n",
               cpu_model().c_str(), nitro::bench::machine().c_str(), at::get_num_threads(), load_average().c_str());
   Python py = find_peer();
+  Dali dali = a.want("dali") ? find_dali(py.exe) : Dali{};
   const Folder folder = write_folder(root, a, py.exe);
   double total_bytes = 0;
   for (const auto& b : folder.bytes) total_bytes += static_cast<double>(b.size());
@@ -424,7 +430,8 @@ int main(int argc, char** argv) try {
               static_cast<long long>(a.images), static_cast<long long>(a.classes), static_cast<long long>(kWidth),
               static_cast<long long>(kHeight), total_bytes / static_cast<double>(folder.bytes.size()) / 1024.0,
               folder.made_from.c_str(), root.c_str());
-  std::printf("python: %s (Pillow %s, torchvision %s)\n\n", py.exe.c_str(), py.pil ? "yes" : "no", py.torchvision ? "yes" : "no");
+  std::printf("python: %s (Pillow %s, torchvision %s, DALI %s)\n\n", py.exe.c_str(), py.pil ? "yes" : "no",
+              py.torchvision ? "yes" : "no", dali.has_dali ? "yes" : a.want("dali") ? "no" : "not asked");
   std::fflush(stdout);
 
   const std::int64_t M = a.decode_files;
@@ -607,7 +614,68 @@ int main(int argc, char** argv) try {
     std::fflush(stdout);
   }
 
-  // ---- 4. a packed file against the folder ---------------------------------------------------------
+  // ---- 4. the same pipeline against DALI's CPU pipeline -------------------------------------------
+  std::vector<double> nitro_dali_rounds, dali_rounds;
+  bool dali_ok = dali.has_dali && a.want("dali");
+  double nd2 = 0, dl = 0;
+  if (a.want("dali")) {
+    // Info: what decoding only the crop's region saves, on this thread alone: the crops the pipeline
+    // draws (epoch 1) of the first files, decoded as its geometry decodes them ([h, w, 3], the draft
+    // rule for 224), with DecodeOptions::partial (the default) and without (the whole image at that
+    // scale, then cut).
+    {
+      const sample::RandomResizedCrop g{.height = 224, .width = 224};
+      const auto count = static_cast<std::size_t>(std::min<std::int64_t>(M, 128));
+      std::vector<nitro::image::DecodeOptions> options;
+      for (std::size_t i = 0; i < count; ++i) {
+        const auto info = nitro::image::probe(folder.bytes[i]);
+        const auto c = g.crop({7, 1, static_cast<std::int64_t>(i)}, info.height, info.width);
+        options.push_back({.layout = nitro::image::Layout::hwc, .crop = nitro::image::Window{c[0], c[1], c[2], c[3]},
+                           .min_height = 224, .min_width = 224});
+      }
+      const auto pass = [&](bool partial) {
+        return nitro::bench::seconds([&] {
+                 for (std::size_t i = 0; i < count; ++i) {
+                   auto o = options[i];
+                   o.partial = partial;
+                   pixels += static_cast<double>(nitro::image::decode(folder.bytes[i], o).numel());
+                 }
+               }) * 1e3 / static_cast<double>(count);
+      };
+      (void)pass(true), (void)pass(false);
+      std::vector<double> region_ms, whole_ms;
+      for (int r = 0; r < 3; ++r) {
+        if (r % 2 == 0) region_ms.push_back(pass(true)), whole_ms.push_back(pass(false));
+        else whole_ms.push_back(pass(false)), region_ms.push_back(pass(true));
+      }
+      std::printf("one thread, ms a sample (info): decode of the crop's region %.3f; of the whole image, then the crop "
+                  "cut %.3f (%zu files' random resized crops)\n",
+                  nitro::bench::median(region_ms), nitro::bench::median(whole_ms), count);
+    }
+    const std::string dali_args = "--root " + shell_quote(root.string()) + " --mode loader --workers " +
+                                  std::to_string(a.workers) + " --batch 64 --warmup 1 --epochs 1";
+    for (int r = 0; r < R; ++r) {
+      for (int order = 0; order < 2; ++order) {
+        if ((r + order) % 2 == 0) {
+          const auto [samples, s] = epoch_of(from_folder, *folder_epoch, epoch++, checksum_folder);
+          NITRO_CHECK(samples == a.images, "bench_images: an epoch delivered ", samples, " samples of ", a.images);
+          nitro_dali_rounds.push_back(static_cast<double>(samples) / s);
+        } else if (dali_ok) {
+          const auto v = dali.py.run(dali_args, r == 0);
+          if (v) dali_rounds.push_back(*v);
+          else dali_ok = false;
+        }
+      }
+    }
+    nd2 = nitro::bench::median(nitro_dali_rounds), dl = dali_ok ? nitro::bench::median(dali_rounds) : 0.0;
+    std::printf("epoch of %lld files: random resized crop 224, flip, normalise, batches of 64, %zu threads    samples/s\n",
+                static_cast<long long>(a.images), a.workers);
+    if (dali_ok) std::printf("DALI CPU: readers.file -> decoders.image_random_crop -> resize -> crop_mirror_normalize  %9.1f\n", dl);
+    std::printf("nitro ImageFolder -> ImageBatches -> Prefetcher<Cpu> (flip, normalise on the workers)    %9.1f\n\n", nd2);
+    std::fflush(stdout);
+  }
+
+  // ---- 5. a packed file against the folder ---------------------------------------------------------
 #if BENCH_IMAGES_PACKED
   double pr = 0, fo = 0;
   if (a.want("packed")) {
@@ -656,6 +724,7 @@ int main(int argc, char** argv) try {
     std::printf("%-58s %12.1f %12.1f %8.3f\n", "draft decode + resize, images/s (baseline: full decode)", dr, fr, dr / fr);
   if (loader_ok)
     std::printf("%-58s %12.1f %12.1f %8.3f\n", "pipeline, samples/s (baseline: DataLoader + torchvision)", nl, tl, nl / tl);
+  if (dali_ok) std::printf("%-58s %12.1f %12.1f %8.3f\n", "pipeline, samples/s (baseline: DALI, CPU)", nd2, dl, nd2 / dl);
 #if BENCH_IMAGES_PACKED
   if (a.want("packed"))
     std::printf("%-58s %12.1f %12.1f %8.3f\n", "pipeline, samples/s: packed file (baseline: the folder)", pr, fo, pr / fo);
@@ -676,6 +745,9 @@ int main(int argc, char** argv) try {
   if (a.want("draft")) nitro::bench::result("draft_decode_speedup", dr / fr, ">=", 2.0);
   if (loader_ok) nitro::bench::result("image_folder_vs_dataloader", nl / tl, ">=", 2.0);
   else if (a.want("loader")) std::printf("image_folder_vs_dataloader: skipped (no torchvision or Pillow in %s)\n", py.exe.c_str());
+  if (dali_ok) nitro::bench::result("images_vs_dali_cpu", nd2 / dl, ">=", 1.3);
+  else if (a.want("dali"))
+    std::printf("images_vs_dali_cpu: skipped (no working nvidia.dali in %s, or its run failed: above)\n", dali.py.exe.c_str());
 #if BENCH_IMAGES_PACKED
   if (a.want("packed")) nitro::bench::result("packed_vs_folder", pr / fo, ">=", 1.0);
 #endif

@@ -15,15 +15,24 @@
 // own, so that whatever happens every 10, 50 or 100 steps happens as often in each count. Goal <= 1.01:
 // RESULT monitor_overhead_instructions, tensorboard_overhead_instructions, guard_overhead_instructions.
 //
+// On a GPU, also the levels demo's CNN (batch 64 of 3x32x32, SGD), a step of about a millisecond, in
+// blocks of 50 steps (the device synchronised only at a block's ends, so the events are read lazily as
+// in training), alternating with the same loop without the monitor:
+// RESULT monitor_overhead_cnn = with monitor::Phases / without, goal <= 1.02 (GPU only);
+// and, as an info line, what monitor::Trace costs once (the profiler started and stopped around three
+// steps) in a 64-step epoch of that CNN: a short epoch such as the demo's shows it as a lower speed.
+//
 //   bench_monitor [rounds] [--instructions | --no-instructions] [--instructions-out=DIR]
 #include "common.hpp"
 #include "instructions.hpp"
+#include "models.hpp"
 
 #include <nitro/io/file.hpp>
 #include <nitro/monitor/phases.hpp>
 #include <nitro/monitor/progress.hpp>
 #include <nitro/monitor/report.hpp>
 #include <nitro/monitor/tensorboard.hpp>
+#include <nitro/monitor/trace.hpp>
 #include <nitro/train/stability.hpp>
 #include <nitro/train/levels.hpp>
 
@@ -33,6 +42,57 @@
 #include <cstdlib>
 #include <filesystem>
 #include <unistd.h>
+
+/// The levels demo's CNN on the GPU: Phases against Off in blocks of 50 steps, and Trace's one-time cost.
+void demo_cnn_on_gpu(int rounds, const std::filesystem::path& dir) {
+  const c10::Device device = nitro::Cuda::device();
+  torch::manual_seed(0);
+  auto model = nitro::bench::demo_cnn();
+  model->to(device);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.02).momentum(0.9));
+  std::vector<std::pair<at::Tensor, at::Tensor>> inputs;
+  for (int b = 0; b < 16; ++b)
+    inputs.emplace_back(torch::randn({64, 3, 32, 32}, device),
+                        torch::randint(0, 10, {64}, torch::TensorOptions(device).dtype(torch::kLong)));
+  const auto loss_fn = [&](const auto& b) { return torch::cross_entropy_loss(model->forward(b.first), b.second); };
+  nitro::level::Basic plain{model, optimizer};
+  nitro::level::with<nitro::level::Basic, nitro::monitor::Phases> watched{model, optimizer};
+  constexpr int block = 50;
+  int next = 0;
+  auto plain_block = [&] {
+    for (int i = 0; i < block; ++i) plain.step(inputs[static_cast<std::size_t>(next++ % 16)], loss_fn);
+  };
+  auto watched_block = [&] {
+    for (int i = 0; i < block; ++i) watched.step(inputs[static_cast<std::size_t>(next++ % 16)], loss_fn);
+  };
+  plain_block();
+  watched_block();
+  const int block_rounds = std::max(5, rounds / 3);
+  const auto [off, on] = nitro::bench::interleaved(plain_block, watched_block, block_rounds, 1);
+  const double a = nitro::bench::median(off) / block, b = nitro::bench::median(on) / block;
+  // A 64-step epoch with the demo's trace (steps 20 to 22 recorded) and without: the profiler's start
+  // and stop once.
+  using Traced = nitro::level::with<nitro::level::Basic, nitro::monitor::Phases, nitro::monitor::Trace>;
+  Traced::Options traced_options;
+  traced_options.hooks = {nitro::monitor::Trace::Options{.path = dir / "cnn.trace.json", .start = 20, .steps = 3}};
+  std::filesystem::create_directories(dir);
+  const auto epoch = [&](auto& loop) {
+    return nitro::bench::seconds([&] {
+      for (int i = 0; i < 64; ++i) loop.step(inputs[static_cast<std::size_t>(i % 16)], loss_fn);
+    });
+  };
+  // Both loops new, so that each epoch has a new loop's first steps and only the trace differs.
+  Traced traced{model, optimizer, traced_options};
+  nitro::level::with<nitro::level::Basic, nitro::monitor::Phases> fresh{model, optimizer};
+  const double with_trace = epoch(traced), without_trace = epoch(fresh);
+  std::printf("\nGPU: the levels demo's CNN, batch 64, SGD; blocks of %d steps, %zu of each, interleaved\n", block,
+              off.size());
+  std::printf("%-58s %10.4f ms a step\n", "level::Basic", a * 1e3);
+  std::printf("%-58s %10.4f ms a step\n", "level::Basic + monitor::Phases", b * 1e3);
+  std::printf("a 64-step epoch: %.1f ms with monitor::Trace recording steps 20-22, %.1f ms without (%.1f ms once)\n",
+              with_trace * 1e3, without_trace * 1e3, (with_trace - without_trace) * 1e3);
+  nitro::bench::result("monitor_overhead_cnn", b / a, "<=", 1.02);
+}
 
 int main(int argc, char** argv) {
   nitro::bench::Instructions counts{argc, argv};
@@ -134,5 +194,6 @@ int main(int argc, char** argv) {
   nitro::bench::result("guard_overhead", g1 / g0, "<=", 1.02);
   counts.result("tensorboard_overhead_instructions", "tensorboard", "plain");
   counts.result("guard_overhead_instructions", "guarded", "plain");
+  if (gpu) demo_cnn_on_gpu(rounds, logdir);
   return 0;
 }

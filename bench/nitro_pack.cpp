@@ -23,7 +23,7 @@
 //   decoded, its longer side brought down to N if larger (aspect kept; bilinear with antialiasing, as
 //   torchvision's resize), and re-encoded as JPEG at quality Q (default 90): FFCV's writer's
 //   max_resolution and jpeg_quality. Normalised boxes are unchanged by a resize.
-//   The image modes need nitro::image (TurboJPEG and libpng: NITRO_IMAGE=1).
+//   The image modes need nitro::image (TurboJPEG, libjpeg and libpng: NITRO_IMAGE=1).
 #include <nitro/data/record_file.hpp>
 #include <nitro/data/synthetic.hpp>
 #if NITRO_IMAGE
@@ -147,8 +147,8 @@ int main(int argc, char** argv) try {
     }
     return 0;
 #else
-    throw nitro::Error("nitro_pack: --images and --yolo need nitro::image (TurboJPEG and libpng); this nitro_pack "
-                       "was built without them (install libturbojpeg0-dev libpng-dev and reconfigure)");
+    throw nitro::Error("nitro_pack: --images and --yolo need nitro::image (TurboJPEG, libjpeg and libpng); this nitro_pack "
+                       "was built without them (install libturbojpeg0-dev libjpeg-dev libpng-dev and reconfigure)");
 #endif
   }
   if (synthetic >= 0) {

@@ -129,7 +129,7 @@ if [ -n "$torch_python" ] && [ -x "$(dirname "$torch_python")/torchrun" ]; then
   say "torchrun: $(dirname "$torch_python")/torchrun"
 fi
 
-# ---- doctest, GSL, zlib, TurboJPEG, libpng -------------------------------------------------------------------------------
+# ---- doctest, GSL, zlib, TurboJPEG, libjpeg, libpng ----------------------------------------------------------------------
 have_config() { # package config file name -> found in the usual prefixes?
   local roots=(/usr /usr/local)
   [ -n "${CMAKE_PREFIX_PATH:-}" ] && IFS=':;' read -ra extra <<<"$CMAKE_PREFIX_PATH" && roots+=("${extra[@]}")
@@ -143,8 +143,10 @@ have_config doctestConfig.cmake || missing+=(doctest-dev)
 have_config Microsoft.GSLConfig.cmake || missing+=(libmsgsl-dev)
 # zlib: the cache benchmarks and their tests read gzip traces (not needed by Nitro's headers).
 [ -e /usr/include/zlib.h ] || [ -e /usr/local/include/zlib.h ] || missing+=(zlib1g-dev)
-# TurboJPEG and libpng: nitro::image (include/nitro/data/image.hpp) decodes JPEG and PNG files with them.
+# TurboJPEG, libjpeg and libpng: nitro::image (include/nitro/data/image.hpp) decodes JPEG and PNG files with them.
 [ -e /usr/include/turbojpeg.h ] || [ -e /usr/local/include/turbojpeg.h ] || missing+=(libturbojpeg0-dev)
+# libjpeg-turbo's libjpeg API too (jpeglib.h, libjpeg): decoding only a crop's region.
+[ -e /usr/include/jpeglib.h ] || [ -e /usr/local/include/jpeglib.h ] || missing+=(libjpeg-dev)
 [ -e /usr/include/png.h ] || [ -e /usr/local/include/png.h ] || missing+=(libpng-dev)
 if ((${#missing[@]})); then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

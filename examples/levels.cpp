@@ -356,8 +356,8 @@ int main(int argc, char** argv) try {
   };
   const auto started = std::chrono::steady_clock::now();
   plain({.epochs = 1, .samples = 1024, .batch = args.batch});  // warm-up: thread pools, kernels, allocator
-  // level::Auto tries the three levels (and channels-last, the fused optimizer, the thread count) on
-  // this CNN and machine, then trains with the fastest. It trains first: its trials say which of the
+  // level::Auto tries the three levels (and level::Max on a GPU; channels-last, the fused optimizer,
+  // the thread count) on this CNN and machine, then trains with the fastest. It trains first: its trials say which of the
   // fixed levels are too slow here to train (from_trial). With --train-all it trains last, as the
   // fixed levels' runs do not depend on it then.
   using AutoLevel = nitro::level::Auto<nitro::level::Basic, nitro::level::Advanced, nitro::level::Ultra>;
@@ -365,7 +365,18 @@ int main(int argc, char** argv) try {
                     std::is_same_v<std::tuple_element_t<1, AutoLevel::candidate_types>, nitro::level::Advanced> &&
                     std::is_same_v<std::tuple_element_t<2, AutoLevel::candidate_types>, nitro::level::Ultra>,
                 "levels demo: from_trial's candidate indices are Basic 0, Advanced 1, Ultra 2");
-  const auto train_auto = [&] { return train_level<AutoLevel>("level::Auto", "auto", args, args.batch, {}); };
+  // On a GPU, level::Max (the step replayed from a CUDA graph) is a candidate too, after the others:
+  // the indices above stay.
+  const auto train_auto = [&] {
+#if NITRO_WITH_CUDA
+    if (gpu) {
+      using AutoGpu = nitro::level::Auto<nitro::level::Basic, nitro::level::Advanced, nitro::level::Ultra,
+                                         nitro::level::Max>;
+      return train_level<AutoGpu>("level::Auto", "auto", args, args.batch, {});
+    }
+#endif
+    return train_level<AutoLevel>("level::Auto", "auto", args, args.batch, {});
+  };
   // The plain loop before anything of Nitro's has run: level::Auto applies its winner's hardware
   // settings, and glibc's heap setting among them stays set for the process.
   Row plain_row = plain(args);

@@ -7,12 +7,23 @@
 //       and the data (D/W/x.bin, D/W/y.bin), which both sides then load: the same weights, batches and
 //       order on both sides, so their loss curves can be compared.
 //   peer_nitro run --workload W --config C --dir D [--device cpu|cuda] [--steps N] [--warmup K]
-//       W: mlp | cnn | transformer   C: libtorch (a hand-written LibTorch loop, torch::optim::AdamW),
-//          nitro_basic (level::Basic, FusedAdamW), nitro_advanced (level::Advanced + its hardware
-//          settings, FusedAdamW), nitro_auto (level::Auto<Basic, Advanced>, FusedAdamW: the level it
-//          picks on this machine), nitro_max (level::Max: graph::Capture; GPU only)
+//       W: mlp | cnn | transformer | resnet50 | gpt2
+//       C: libtorch (a hand-written LibTorch loop, torch::optim::AdamW), nitro_basic (level::Basic,
+//          FusedAdamW), nitro_advanced (level::Advanced + its hardware settings, FusedAdamW; ResNet-50
+//          channels-last on a GPU), nitro_auto (level::Auto<Basic, Advanced>, and Max on a GPU, with
+//          FusedAdamW: the level it picks on this machine), nitro_max (level::Max: graph::Capture;
+//          GPU only; ResNet-50 channels-last)
 //       W: checkpoint   C: plain | checkpoint (checkpoint::sequential, ceil(sqrt(layers)) segments)
 //       W: pipeline     C: prefetcher (Prefetcher over a data set whose every batch costs L ms)
+//   peer_nitro forward --workload resnet50|gpt2 --dir D [--device cpu|cuda]
+//       the exported weights loaded, the first batch's logits in training mode (batch statistics) and
+//       in evaluation mode written to D/W/logits_train.bin and D/W/logits_eval.bin (float32), and the
+//       parameter count of the full-size model printed (`PARAMS resnet50=25557032`): what
+//       tests/peers/models.py compares with torchvision's resnet50 and the Python twins.
+//
+// ResNet-50 (bench/models/resnet.hpp) and GPT-2 (bench/models/gpt2.hpp) run at full size on a GPU
+// (224x224 images, batch 256; GPT-2 124M, 1024 tokens, batch 12) and small on the CPU (64x64 images,
+// batch 8, 10 classes; a GPT of 2 layers, width 128, 128 tokens, batch 4), where the tests run them.
 //
 // Timing: warm-up steps first (not timed), then `steps` steps between two clock reads, the GPU
 // synchronised before each. Peak memory: on a GPU the caching allocator's peak over the timed steps
@@ -22,6 +33,8 @@
 // copied into a preallocated tensor (one small copy a step on both sides) and printed at the end.
 #include "../common.hpp"
 #include "../models.hpp"
+#include "../models/gpt2.hpp"
+#include "../models/resnet.hpp"
 
 #include <nitro/train/checkpoint.hpp>
 #include <nitro/data/prefetcher.hpp>
@@ -29,6 +42,7 @@
 #include <nitro/memory/tracking_allocator.hpp>
 #include <nitro/optim/fused.hpp>
 #include <nitro/train/autotune.hpp>
+#include <nitro/train/channels_last.hpp>
 #include <nitro/train/levels.hpp>
 #if NITRO_WITH_CUDA
 #include <nitro/graph/capture.hpp>
@@ -44,6 +58,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -69,7 +84,8 @@ struct Args {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "peer_nitro: %s\nusage: peer_nitro export --workload W --dir D [--device cpu|cuda]\n"
-               "       peer_nitro run --workload W --config C --dir D [--device cpu|cuda] [--steps N] [--warmup K]\n",
+               "       peer_nitro run --workload W --config C --dir D [--device cpu|cuda] [--steps N] [--warmup K]\n"
+               "       peer_nitro forward --workload resnet50|gpt2 --dir D [--device cpu|cuda]\n",
                why.c_str());
   std::exit(2);
 }
@@ -90,7 +106,7 @@ Args parse(int argc, char** argv) {
     else if (key == "--warmup") a.warmup = std::stoi(value);
     else usage("unknown option " + key);
   }
-  if (a.command != "export" && a.command != "run") usage("unknown command " + a.command);
+  if (a.command != "export" && a.command != "run" && a.command != "forward") usage("unknown command " + a.command);
   if (a.workload.empty() || a.dir.empty()) usage("--workload and --dir are required");
   if (a.device != "cpu" && a.device != "cuda") usage("--device is cpu or cuda");
   if (a.device == "cuda" && !nitro::Cuda::available()) usage("--device cuda, but no GPU is usable here");
@@ -106,10 +122,22 @@ struct Shapes {
   std::int64_t batch = 64, batches = 16, classes = 10;
   // mlp
   std::int64_t in = 512, width = 512, layers = 8;
-  // transformer
+  // transformer, gpt2 (seq: the tokens of a sample, gpt2's block)
   std::int64_t vocab = 1000, seq = 128, heads = 4, ffn = 1024;
+  // resnet50: square images of this side
+  std::int64_t image = 224;
   int steps = 100, warmup = 10;
+  // AdamW, on both sides (PyTorch's defaults but the learning rate; GPT-2: nanoGPT's betas (0.9, 0.95)
+  // and weight decay 0.1, here on every parameter where nanoGPT spares biases and norms)
+  double lr = 1e-3, beta2 = 0.999, weight_decay = 0.01;
+  // > 0: SGD with this momentum instead of AdamW (ResNet-50)
+  double momentum = 0;
 };
+
+bool is_model(const std::string& workload) {
+  return workload == "mlp" || workload == "cnn" || workload == "transformer" || workload == "resnet50" ||
+         workload == "gpt2";
+}
 
 Shapes shapes(const std::string& workload, bool gpu) {
   Shapes s;
@@ -138,8 +166,33 @@ Shapes shapes(const std::string& workload, bool gpu) {
   } else if (workload == "pipeline") {
     s.steps = 200;
     s.warmup = 10;
+  } else if (workload == "resnet50") {
+    s.image = gpu ? 224 : 64;
+    s.batch = gpu ? 256 : 8;
+    s.classes = gpu ? 1000 : 10;
+    s.batches = gpu ? 2 : 4;
+    s.steps = gpu ? 25 : 8;
+    s.warmup = gpu ? 8 : 2;
+    // torchvision's recipe: SGD, momentum 0.9, weight decay 1e-4, 0.1 per 256 images
+    s.momentum = 0.9;
+    s.weight_decay = 1e-4;
+    s.lr = 0.1 * static_cast<double>(s.batch) / 256.0;
+  } else if (workload == "gpt2") {
+    const nitro::bench::Gpt2Config full;
+    s.seq = gpu ? full.block : 128;
+    s.vocab = gpu ? full.vocab : 512;
+    s.layers = gpu ? full.layers : 2;
+    s.heads = gpu ? full.heads : 4;
+    s.width = gpu ? full.width : 128;
+    s.batch = gpu ? 12 : 4;
+    s.batches = gpu ? 2 : 4;
+    s.steps = gpu ? 20 : 8;
+    s.warmup = gpu ? 6 : 2;
+    s.lr = 6e-4;
+    s.beta2 = 0.95;
+    s.weight_decay = 0.1;
   } else {
-    usage("unknown workload " + workload + " (mlp, cnn, transformer, checkpoint, pipeline)");
+    usage("unknown workload " + workload + " (mlp, cnn, transformer, resnet50, gpt2, checkpoint, pipeline)");
   }
   return s;
 }
@@ -248,7 +301,9 @@ void read_raw(const fs::path& path, const std::vector<at::Tensor>& tensors) {
                              " bytes: export it again");
 }
 
-std::vector<at::Tensor> parameters_of(torch::nn::Module& m) { return m.parameters(); }
+nitro::bench::Gpt2Config gpt2_config(const Shapes& s) {
+  return {.block = s.seq, .vocab = s.vocab, .layers = s.layers, .heads = s.heads, .width = s.width};
+}
 
 /// The model of a workload, from seed 0 (what `export` writes); `run` loads params.bin over it.
 std::shared_ptr<torch::nn::Module> make_model(const std::string& workload, const Shapes& s) {
@@ -256,7 +311,18 @@ std::shared_ptr<torch::nn::Module> make_model(const std::string& workload, const
   if (workload == "mlp") return mlp(s).ptr();
   if (workload == "cnn") return nitro::bench::demo_cnn().ptr();
   if (workload == "transformer") return Encoder(s).ptr();
+  if (workload == "resnet50") return nitro::bench::resnet50(s.classes).ptr();
+  if (workload == "gpt2") return nitro::bench::Gpt2(gpt2_config(s)).ptr();
   usage("workload " + workload + " has no model to export");
+}
+
+/// The shapes of a workload's inputs and targets (all batches).
+std::pair<at::Tensor, at::Tensor> empty_data(const std::string& workload, const Shapes& s) {
+  const auto n = s.batch * s.batches;
+  if (workload == "mlp") return {torch::empty({n, s.in}), torch::empty({n}, torch::kLong)};
+  if (workload == "cnn") return {torch::empty({n, 3, 32, 32}), torch::empty({n}, torch::kLong)};
+  if (workload == "resnet50") return {torch::empty({n, 3, s.image, s.image}), torch::empty({n}, torch::kLong)};
+  return {torch::empty({n, s.seq}, torch::kLong), torch::empty({n, s.seq}, torch::kLong)};  // transformer, gpt2
 }
 
 Batch make_data(const std::string& workload, const Shapes& s) {
@@ -270,6 +336,22 @@ Batch make_data(const std::string& workload, const Shapes& s) {
     nitro::data::SyntheticImages images{{.size = n, .noise = 8.0}};  // the levels demo's data
     return images.stacked(0, n);
   }
+  if (workload == "resnet50") {  // labels from a fixed random linear teacher of the 4x4-pooled image
+    torch::manual_seed(1);
+    const auto x = torch::randn({n, 3, s.image, s.image});
+    const auto pooled = at::adaptive_avg_pool2d(x, {4, 4}).flatten(1);
+    return {x, pooled.matmul(torch::randn({pooled.size(1), s.classes})).argmax(1)};
+  }
+  if (workload == "gpt2") {  // next-token prediction on sequences t' = (5 t + 7 + 3 [t odd]) mod vocab
+    torch::manual_seed(1);
+    auto tokens = torch::empty({n, s.seq + 1}, torch::kLong);
+    tokens.select(1, 0).copy_(torch::randint(s.vocab, {n}));
+    for (std::int64_t i = 1; i <= s.seq; ++i) {
+      const auto t = tokens.select(1, i - 1);
+      tokens.select(1, i).copy_((t * 5 + 7 + t.remainder(2) * 3).remainder(s.vocab));
+    }
+    return {tokens.narrow(1, 0, s.seq).contiguous(), tokens.narrow(1, 1, s.seq).contiguous()};
+  }
   torch::manual_seed(1);  // transformer: each token's class is its id mod classes, learnable through the embedding
   auto tokens = torch::randint(s.vocab, {n, s.seq});
   return {tokens, tokens.remainder(s.classes)};
@@ -280,11 +362,14 @@ void export_workload(const Args& a) {
   const fs::path dir = fs::path(a.dir) / a.workload;
   fs::create_directories(dir);
   std::ostringstream meta;
+  meta << std::setprecision(17);  // the hyper-parameters reach Python exactly
   meta << "{\"workload\":\"" << a.workload << "\",\"device\":\"" << a.device << "\",\"batch\":" << s.batch
        << ",\"batches\":" << s.batches << ",\"classes\":" << s.classes << ",\"in\":" << s.in << ",\"width\":" << s.width
        << ",\"layers\":" << s.layers << ",\"vocab\":" << s.vocab << ",\"seq\":" << s.seq << ",\"heads\":" << s.heads
-       << ",\"ffn\":" << s.ffn << ",\"steps\":" << s.steps << ",\"warmup\":" << s.warmup << ",\"lr\":1e-3";
-  if (a.workload == "mlp" || a.workload == "cnn" || a.workload == "transformer") {
+       << ",\"ffn\":" << s.ffn << ",\"image\":" << s.image << ",\"steps\":" << s.steps << ",\"warmup\":" << s.warmup
+       << ",\"lr\":" << s.lr << ",\"beta2\":" << s.beta2 << ",\"weight_decay\":" << s.weight_decay
+       << ",\"momentum\":" << s.momentum;
+  if (is_model(a.workload)) {
     auto model = make_model(a.workload, s);
     meta << ",\"params\":[";
     bool first = true;
@@ -372,19 +457,66 @@ Outcome measure(Step&& step, const Batches& batches, const c10::Device& device, 
   return o;
 }
 
-/// One configuration of mlp / cnn / transformer: the model (Sequential or Encoder), its loss.
+/// level::Auto over Basic and Advanced, and Max on a GPU: it tunes at the first warm-up step (not
+/// timed; bench_autotune measures what tuning costs) and keeps its choice in <dir>/autotune, so later
+/// rounds start at once.
+template <class Auto, class Model, class Run>
+Outcome train_auto(const Args& a, const Model& model, torch::optim::Optimizer& optimizer, Run&& run) {
+  typename Auto::Options options;
+  options.tune.cache_dir = std::filesystem::path(a.dir) / "autotune";
+  Auto loop{model, optimizer, options};
+  auto outcome = run(loop);
+  std::printf("peer_nitro: level::Auto chose %s (%s)\n", loop.result().name.c_str(), loop.result().source.c_str());
+  return outcome;
+}
+
+template <class Loss>
+Outcome train_plain(torch::optim::Optimizer& optimizer, const Loss& loss_of, const Batches& batches,
+                    const c10::Device& device, int warmup, int steps);
+template <class Model, class Loss>
+Outcome train_levels(const Args& a, const Model& model, torch::optim::Optimizer& optimizer, const Loss& loss_of,
+                     const Batches& batches, const c10::Device& device, int warmup, int steps);
+
+/// One configuration of a model workload: the model (a module holder), its loss.
 template <class Model>
-Outcome train(const Args& a, Model model, const Batches& batches, int warmup, int steps) {
+Outcome train(const Args& a, const Shapes& s, Model model, Batches batches, int warmup, int steps) {
   const auto device = device_of(a);
   const auto loss_of = [&model](const Batch& b) {
     const auto out = model->forward(b.first);
     return torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}), b.second.reshape({-1}));
   };
+  // ResNet-50 on a GPU in channels-last where the Python rows have it (bf16 and fp16 autocast): the
+  // model's convolution weights and the images.
+  if (a.workload == "resnet50" && device.is_cuda() && (a.config == "nitro_advanced" || a.config == "nitro_max")) {
+    nitro::to_channels_last(*model);
+    for (auto& b : batches) b.first = b.first.contiguous(c10::MemoryFormat::ChannelsLast);
+  }
   const auto params = model->parameters();
-  const auto adamw = torch::optim::AdamWOptions(1e-3);  // weight decay 0.01, as Python's AdamW
+  // AdamW as Python's (weight decay 0.01 but for GPT-2: 0.1 on every parameter and nanoGPT's betas (0.9,
+  // 0.95)); ResNet-50 with SGD and momentum, as torchvision's recipe trains it.
+  const auto adamw = torch::optim::AdamWOptions(s.lr).betas({0.9, s.beta2}).weight_decay(s.weight_decay);
+  const auto sgd = torch::optim::SGDOptions(s.lr).momentum(s.momentum).weight_decay(s.weight_decay);
+  if (s.momentum > 0) {
+    if (a.config == "libtorch") {
+      torch::optim::SGD optimizer(params, sgd);
+      return train_plain(optimizer, loss_of, batches, device, warmup, steps);
+    }
+    nitro::optim::FusedSGD optimizer(params, sgd);
+    return train_levels(a, model, optimizer, loss_of, batches, device, warmup, steps);
+  }
   if (a.config == "libtorch") {
     torch::optim::AdamW optimizer(params, adamw);
-    return measure(
+    return train_plain(optimizer, loss_of, batches, device, warmup, steps);
+  }
+  nitro::optim::FusedAdamW optimizer(params, adamw);
+  return train_levels(a, model, optimizer, loss_of, batches, device, warmup, steps);
+}
+
+/// The hand-written LibTorch loop.
+template <class Loss>
+Outcome train_plain(torch::optim::Optimizer& optimizer, const Loss& loss_of, const Batches& batches,
+                    const c10::Device& device, int warmup, int steps) {
+  return measure(
         [&](const Batch& b) {
           optimizer.zero_grad(/*set_to_none=*/true);
           auto loss = loss_of(b);
@@ -393,8 +525,12 @@ Outcome train(const Args& a, Model model, const Batches& batches, int warmup, in
           return loss.detach();
         },
         batches, device, warmup, steps);
-  }
-  nitro::optim::FusedAdamW optimizer(params, adamw);
+}
+
+/// Nitro's levels over a fused optimizer.
+template <class Model, class Loss>
+Outcome train_levels(const Args& a, const Model& model, torch::optim::Optimizer& optimizer, const Loss& loss_of,
+                     const Batches& batches, const c10::Device& device, int warmup, int steps) {
   const auto run = [&](auto& loop) {
     return measure([&](const Batch& b) { return loop.step(b, loss_of).loss; }, batches, device, warmup, steps);
   };
@@ -409,15 +545,12 @@ Outcome train(const Args& a, Model model, const Batches& batches, int warmup, in
     return run(loop);
   }
   if (a.config == "nitro_auto") {
-    // level::Auto over Basic and Advanced: it tunes at the first warm-up step (not timed; bench_autotune
-    // measures what tuning costs) and keeps its choice in <dir>/autotune, so later rounds start at once.
-    using Auto = nitro::level::Auto<nitro::level::Basic, nitro::level::Advanced>;
-    Auto::Options options;
-    options.tune.cache_dir = std::filesystem::path(a.dir) / "autotune";
-    Auto loop{model, optimizer, options};
-    auto outcome = run(loop);
-    std::printf("peer_nitro: level::Auto chose %s (%s)\n", loop.result().name.c_str(), loop.result().source.c_str());
-    return outcome;
+#if NITRO_WITH_CUDA
+    if (device.is_cuda())
+      return train_auto<nitro::level::Auto<nitro::level::Basic, nitro::level::Advanced, nitro::level::Max>>(
+          a, model, optimizer, run);
+#endif
+    return train_auto<nitro::level::Auto<nitro::level::Basic, nitro::level::Advanced>>(a, model, optimizer, run);
   }
 #if NITRO_WITH_CUDA
   if (a.config == "nitro_max") {
@@ -431,17 +564,19 @@ Outcome train(const Args& a, Model model, const Batches& batches, int warmup, in
         " (libtorch, nitro_basic, nitro_advanced, nitro_auto, nitro_max)");
 }
 
-Outcome run_training(const Args& a, const Shapes& s) {
+/// The exported model and data of a workload, on the CPU.
+std::tuple<std::shared_ptr<torch::nn::Module>, at::Tensor, at::Tensor> load_workload(const Args& a, const Shapes& s) {
   auto module = make_model(a.workload, s);
   const fs::path dir = fs::path(a.dir) / a.workload;
   read_raw(dir / "params.bin", module->parameters());
-  const auto n = s.batch * s.batches;
-  auto x = a.workload == "mlp" ? torch::empty({n, s.in})
-           : a.workload == "cnn" ? torch::empty({n, 3, 32, 32})
-                                 : torch::empty({n, s.seq}, torch::kLong);
-  auto y = a.workload == "transformer" ? torch::empty({n, s.seq}, torch::kLong) : torch::empty({n}, torch::kLong);
+  auto [x, y] = empty_data(a.workload, s);
   read_raw(dir / "x.bin", {x});
   read_raw(dir / "y.bin", {y});
+  return {module, x, y};
+}
+
+Outcome run_training(const Args& a, const Shapes& s) {
+  auto [module, x, y] = load_workload(a, s);
   const auto device = device_of(a);
   // cuDNN autotuning on every GPU row, as the Python rows have it (torch.backends.cudnn.benchmark):
   // each side at its best practice. Advanced and Max set it again through their level.
@@ -453,9 +588,39 @@ Outcome run_training(const Args& a, const Shapes& s) {
     batches.emplace_back(x.narrow(0, i * s.batch, s.batch).to(device), y.narrow(0, i * s.batch, s.batch).to(device));
   const int warmup = a.warmup >= 0 ? a.warmup : s.warmup, steps = a.steps > 0 ? a.steps : s.steps;
   if (a.workload == "transformer")
-    return train(a, Encoder(std::dynamic_pointer_cast<EncoderImpl>(module)), batches, warmup, steps);
-  return train(a, torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(module)), batches, warmup,
-               steps);
+    return train(a, s, Encoder(std::dynamic_pointer_cast<EncoderImpl>(module)), std::move(batches), warmup, steps);
+  if (a.workload == "resnet50")
+    return train(a, s, nitro::bench::ResNet(std::dynamic_pointer_cast<nitro::bench::ResNetImpl>(module)),
+                 std::move(batches), warmup, steps);
+  if (a.workload == "gpt2")
+    return train(a, s, nitro::bench::Gpt2(std::dynamic_pointer_cast<nitro::bench::Gpt2Impl>(module)),
+                 std::move(batches), warmup, steps);
+  return train(a, s, torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(module)),
+               std::move(batches), warmup, steps);
+}
+
+/// `forward`: the logits of the first batch in training and in evaluation mode, for the tests'
+/// comparison with torchvision and the Python twins; the full-size model's parameter count.
+void run_forward(const Args& a, const Shapes& s) {
+  if (a.workload != "resnet50" && a.workload != "gpt2") usage("forward is for resnet50 and gpt2");
+  auto [module, x, y] = load_workload(a, s);
+  const auto device = device_of(a);
+  module->to(device);
+  const auto first = x.narrow(0, 0, s.batch).to(device);
+  const auto logits = [&](bool training) {
+    module->train(training);
+    const at::NoGradGuard no_grad;
+    if (a.workload == "resnet50") return std::dynamic_pointer_cast<nitro::bench::ResNetImpl>(module)->forward(first);
+    return std::dynamic_pointer_cast<nitro::bench::Gpt2Impl>(module)->forward(first);
+  };
+  const fs::path dir = fs::path(a.dir) / a.workload;
+  write_raw(dir / "logits_train.bin", {logits(true)});
+  write_raw(dir / "logits_eval.bin", {logits(false)});
+  const auto full = shapes(a.workload, /*gpu=*/true);
+  auto big = make_model(a.workload, full);
+  std::int64_t count = 0;
+  for (const auto& p : big->parameters()) count += p.numel();
+  std::printf("PARAMS %s=%lld\n", a.workload.c_str(), static_cast<long long>(count));
 }
 
 // ---- checkpoint: the 32-layer MLP of bench_checkpoint, peak memory of forward + backward ----
@@ -603,6 +768,10 @@ int main(int argc, char** argv) try {
   const auto a = parse(argc, argv);
   if (a.command == "export") {
     export_workload(a);
+    return 0;
+  }
+  if (a.command == "forward") {
+    run_forward(a, shapes(a.workload, on_gpu(a)));
     return 0;
   }
   const auto s = shapes(a.workload, on_gpu(a));

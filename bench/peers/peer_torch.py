@@ -6,11 +6,15 @@ the way a good PyTorch user writes them, one configuration per process, printing
   peer_torch.py --workload W --config C --dir D [--device cpu|cuda] [--steps N] [--warmup K]
                 [--tracking path/to/libnitro_peer_tracking.so]
 
-  W: mlp | cnn | transformer   C: eager     fp32, AdamW(fused=True), zero_grad(set_to_none=True)
+  W: mlp | cnn | transformer | resnet50 | gpt2
+                               C: eager     fp32, AdamW(fused=True) (ResNet-50: SGD(fused=True), momentum),
+                                            zero_grad(set_to_none=True)
                                   amp       autocast bf16 (GPU), the same optimizer
                                   amp_fp16  autocast fp16 + torch.amp.GradScaler (GPU)
                                   compile   torch.compile(model) (default mode), on the GPU under bf16 autocast
                                   lightning lightning.Trainer, precision "32-true" (CPU) or "bf16-mixed" (GPU)
+                               ResNet-50 on a GPU: amp, amp_fp16, compile and lightning in channels-last
+                               (model and images), as NVIDIA's DeepLearningExamples train it; eager fp32 not.
   W: checkpoint                C: plain | checkpoint (torch.utils.checkpoint.checkpoint_sequential,
                                   use_reentrant=False, the same segments as Nitro's)
   W: pipeline                  C: dataloader (DataLoader, the same workers and per-batch work as the
@@ -34,6 +38,9 @@ import time
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402  (the Python twins of bench/models/*.hpp)
 
 MEMORY_STEPS = 3
 
@@ -103,7 +110,13 @@ class Encoder(nn.Module):
 
 def make_model(meta):
     w = meta["workload"]
-    model = mlp(meta) if w == "mlp" else demo_cnn() if w == "cnn" else Encoder(meta)
+    if w == "resnet50":
+        model = models.resnet50(meta["classes"])
+    elif w == "gpt2":
+        model = models.GPT(block=meta["seq"], vocab=meta["vocab"], layers=meta["layers"], heads=meta["heads"],
+                           width=meta["width"])
+    else:
+        model = mlp(meta) if w == "mlp" else demo_cnn() if w == "cnn" else Encoder(meta)
     named = list(model.named_parameters())
     expected = [(p["name"], p["shape"]) for p in meta["params"]]
     got = [(n, list(p.shape)) for n, p in named]
@@ -120,6 +133,17 @@ def load_weights(model, path):
         for p in params:
             p.copy_(flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
+
+
+def optimizer_of(params, meta):
+    """AdamW(fused=True), PyTorch's defaults but the workload's learning rate, beta2 and weight decay
+    (GPT-2: nanoGPT's 0.95, and 0.1 on every parameter); SGD(fused=True) with momentum where the workload has one
+    (ResNet-50: torchvision's recipe), as peer_nitro sets them."""
+    if meta.get("momentum", 0) > 0:
+        return torch.optim.SGD(params, lr=meta["lr"], momentum=meta["momentum"], weight_decay=meta["weight_decay"],
+                               fused=True)
+    return torch.optim.AdamW(params, lr=meta["lr"], betas=(0.9, meta.get("beta2", 0.999)),
+                             weight_decay=meta.get("weight_decay", 0.01), fused=True)
 
 
 def loss_of(out, y):
@@ -222,9 +246,12 @@ def run_training(args, meta, device, tracker):
     gpu = device.type == "cuda"
     if gpu:
         torch.backends.cudnn.benchmark = True
+    if gpu and args.workload == "resnet50" and args.config != "eager":
+        model = model.to(memory_format=torch.channels_last)
+        batches = [(bx.contiguous(memory_format=torch.channels_last), by) for bx, by in batches]
     if args.config == "lightning":
         return run_lightning(args, meta, model, batches, device, warmup, steps)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=meta["lr"], fused=True)
+    optimizer = optimizer_of(model.parameters(), meta)
     if args.config == "eager":
         return measure(plain_step(model, optimizer, device), batches, device, warmup, steps, tracker)
     if args.config in ("amp", "compile") and gpu:
@@ -262,7 +289,7 @@ def run_lightning(args, meta, model, batches, device, warmup, steps):
             return loss_of(self.model(x), y)
 
         def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=meta["lr"], fused=True)
+            return optimizer_of(self.parameters(), meta)
 
     class Batches(torch.utils.data.Dataset):  # pre-made batches, in order (batch_size=None)
         def __len__(self):

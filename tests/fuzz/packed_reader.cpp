@@ -13,7 +13,7 @@
 //   byte 4001  bit 0: leave the checksums as they are (the mismatch paths)
 // The seeds in corpus/packed_reader/ are files that PackedWriter wrote (--make-corpus, below).
 //
-// With --make-corpus DIR (a plain build with -DNITRO_FUZZ_MAKE_CORPUS, no fuzzer, -lturbojpeg -lpng)
+// With --make-corpus DIR (a plain build with -DNITRO_FUZZ_MAKE_CORPUS, no fuzzer, -lturbojpeg -ljpeg -lpng)
 // it writes that corpus.
 #include <nitro/data/packed.hpp>
 

@@ -15,7 +15,7 @@
 # (crash-*, leak-*, timeout-*, oom-*: the input that did it) go to build-fuzz/<target>/. Prints one
 # line per target (runs, coverage, exit status) and exits non-zero if any target found something or
 # failed to build, after running all the others. Needs clang (Debian's clang-14), the LibTorch that
-# cmake/deps.sh installs, and TurboJPEG and libpng (libturbojpeg0-dev, libpng-dev).
+# cmake/deps.sh installs, and TurboJPEG, libjpeg and libpng (libturbojpeg0-dev, libjpeg-dev, libpng-dev).
 #   tests/fuzz/run.sh [SECONDS [TARGET]]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -54,7 +54,7 @@ libs=(-L"$torch/lib" -Wl,-rpath,"$torch/lib" -ltorch_cpu -lc10)
 # exit). The snapshot reader keeps it off, as before: it goes through LibTorch's serialisation, which
 # is not instrumented and keeps some allocations on purpose. The other readers only allocate tensors
 # (at::empty, from_blob) besides their own memory, and their runs report no LibTorch leak: on.
-extra_libs() { case $1 in image_decode | yolo_labels) echo "-lturbojpeg -lpng" ;; esac; }
+extra_libs() { case $1 in image_decode | yolo_labels) echo "-lturbojpeg -ljpeg -lpng" ;; esac; }
 max_len() { case $1 in yolo_labels) echo 4096 ;; *) echo 16384 ;; esac; }
 leaks() { case $1 in snapshot_reader) echo 0 ;; *) echo 1 ;; esac; }
 seeds() {  # the seed files of $1, one a line

@@ -9,12 +9,15 @@
 #include <dlfcn.h>
 #include <sys/wait.h>
 
+#include <array>
 #include <csetjmp>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -169,7 +172,7 @@ std::size_t scan_start(const Bytes& b) {
 
 #ifdef NITRO_TEST_HAS_JPEGLIB
 // libjpeg's own compressor, for what TurboJPEG 2 cannot write (arithmetic coding): libjpeg.so.62 opened
-// at run time, since the tests link TurboJPEG only.
+// at run time (the library links libjpeg for decoding a region; these calls stay as they were written).
 struct JpegError {
   jpeg_error_mgr mgr;
   std::jmp_buf jump;
@@ -882,6 +885,134 @@ TEST_CASE("image a decode of a large image gives its scratch memory back, a smal
     CHECK(d::scratch_slot().data == nullptr);
     (void)img::decode(small);
     CHECK(d::scratch_slot().size == std::size_t{40} * 60 * 3);
+  }).join();
+}
+
+// A crop decodes only its region (DecodeOptions::partial, libjpeg's jpeg_skip_scanlines and
+// jpeg_crop_scanline): the same pixels as the window of a whole decode at the same scale, which the
+// tests above hold to Pillow's. The places where a region could differ, and are checked here: its
+// left edge, which libjpeg moves to an iMCU boundary (8 or 16 pixels at full size, fewer when scaled),
+// and its right edge, where smooth chroma upsampling repeats the region's last sample instead of
+// blending in the next (the region reaches one pixel past the crop where the image has one, so that
+// this lands outside it); the first rows after skipped ones (context rows of 4:2:0's vertical
+// upsampling); the DCT scales; the fast IDCT with merged upsampling; progressive files and restart
+// markers; grey, 4:4:4, 4:2:2, 4:2:0 and CMYK; files narrower than an iMCU.
+TEST_CASE("image a crop's region decoded alone equals the same window of a whole decode: every kind, scale and edge") {
+  const auto* fx = fixtures();
+  if (fx == nullptr) return;
+  std::vector<std::string> files = {"j420.jpg", "j444.jpg",  "j422.jpg",     "jprog.jpg",      "jrst.jpg",  "jgrey.jpg",
+                                    "jcmyk.jpg", "jq100.jpg", "j17x9.jpg", "j31x7_422.jpg", "j17x9_grey.jpg"};
+  for (const auto& r : fx->refs)
+    if (r.file.starts_with("photo_") && r.file.ends_with(".jpg") && r.scale == 1) files.push_back(r.file);
+  std::mt19937 rng(5);
+  std::map<int, int> checked;  // by scale
+  int compared = 0;
+  for (const auto& file : files) {
+    const auto bytes = fx->bytes(file);
+    const auto info = img::probe(bytes);
+    const auto H = info.height, W = info.width;
+    // Edges on both sides of iMCU boundaries (8 and 16 pixels at full size, 1 to 8 when scaled), the
+    // image's own edges, and random windows (only those for the photographs: their decodes are slower).
+    const bool photo = file.starts_with("photo_");
+    const std::vector<std::int64_t> cuts =
+        photo ? std::vector<std::int64_t>{} : std::vector<std::int64_t>{0, 1, 7, 8, 9, 15, 16, 17, 33};
+    std::vector<img::Window> windows;
+    for (const auto a : cuts)
+      for (const auto b : cuts) {
+        if (a + 1 < W && b + 1 < H) windows.push_back({.top = b, .left = a, .height = H - b - (a % 5), .width = W - a - (b % 7)});
+        if (a < W && b < H) windows.push_back({.top = H - 1 - b, .left = W - 1 - a, .height = b + 1, .width = a + 1});
+      }
+    // Thin windows at column 0 (a region 2 pixels wide there has a chroma width of 1 in 4:2:0, which
+    // libjpeg upsamples otherwise), four in a row so that each meets every scale.
+    for (const std::int64_t t : {1, 7, 15, 17})
+      if (t < H && W >= 2)
+        for (int repeat = 0; repeat < 4; ++repeat) {
+          windows.push_back({.top = t, .left = 0, .height = 1, .width = 1});
+          windows.push_back({.top = t, .left = 0, .height = std::min<std::int64_t>(5, H - t), .width = 2});
+        }
+    for (int k = 0; k < (photo ? 12 : 30); ++k) {
+      const auto top = static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(H));
+      const auto left = static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(W));
+      windows.push_back({.top = top, .left = left, .height = 1 + static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(H - top)),
+                         .width = 1 + static_cast<std::int64_t>(rng() % static_cast<std::uint32_t>(W - left))});
+    }
+    for (std::size_t k = 0; k < windows.size(); ++k) {
+      const auto& c = windows[k];
+      if (c.height < 1 || c.width < 1 || c.top + c.height > H || c.left + c.width > W) continue;
+      // One scale a window, in turn (the first of 1, 2, 4, 8 from k's turn on that the window allows).
+      for (std::size_t turn = 0; turn < 4; ++turn) {
+        const int s = std::array{1, 2, 4, 8}[(k + turn) % 4];
+        const img::DecodeOptions at_s{.crop = c,
+                                      .min_height = s == 1 ? 0 : std::max<std::int64_t>(1, c.height / s),
+                                      .min_width = s == 1 ? 0 : std::max<std::int64_t>(1, c.width / s)};
+        if (img::reduction_for(info, at_s) != s) continue;
+        for (const bool fast : {false, true}) {
+          if (fast && k % 2 == 1) continue;  // the fast IDCT and merged upsampling on every other window
+          auto o = at_s;
+          o.fast = fast;
+          if (k % 3 != 0) o.layout = img::Layout::hwc;
+          INFO(file << " at 1/" << s << (fast ? " fast" : "") << " crop top " << c.top << " left " << c.left << " "
+                    << c.width << "x" << c.height);
+          const auto region = img::decode(bytes, o, file);
+          auto whole = o;
+          whole.partial = false;
+          const auto want = img::decode(bytes, whole, file);
+          CHECK_MESSAGE(torch::equal(region, want), difference(region, want));
+          ++checked[s];
+          ++compared;
+        }
+        break;
+      }
+    }
+  }
+  // Every scale is reached (a miss would pass for want of cases), and the files are all there.
+  for (const int s : {1, 2, 4, 8}) CHECK(checked[s] > 100);
+  CHECK(files.size() >= 11);
+  CHECK(compared > 1000);
+  // partial = false is the whole decode, then cut: Pillow's window (the case above, for the record).
+  const auto bytes = fx->bytes("j420.jpg");
+  const img::Window c{.top = 13, .left = 17, .height = 150, .width = 200};
+  CHECK(torch::equal(img::decode(bytes, {.crop = c}), window_of(fx->reference(fx->find("j420_jpg")), c, 1)));
+}
+
+TEST_CASE("image a crop above where a JPEG is damaged or cut short decodes, the whole image or a crop reaching it does not") {
+  const auto* fx = fixtures();
+  if (fx == nullptr) return;
+  const auto good = fx->bytes("j420.jpg");  // 333 x 217, 4:2:0, baseline: rows come in iMCU rows of 16
+  const auto info = img::probe(good);
+  const auto cut_at = [&](std::size_t n) { return Bytes(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(n)); };
+  const img::Window top_rows{.top = 3, .left = 40, .height = 20, .width = 100};
+  const img::Window to_bottom{.top = info.height - 20, .left = 40, .height = 20, .width = 100};
+  for (const auto& [what, bad] : std::vector<std::pair<std::string, Bytes>>{{"cut at 3/4", cut_at(good.size() * 3 / 4)},
+                                                                            {"without EOI", cut_at(good.size() - 2)}}) {
+    INFO(what);
+    // The data that the crop's rows need is all there: the crop decodes, to the good file's pixels.
+    CHECK(torch::equal(img::decode(bad, {.crop = top_rows}, "cut.jpg"), img::decode(good, {.crop = top_rows})));
+    // A crop to the last row reads on to the end of the data, as a whole decode does: both refuse it.
+    for (const auto& o : {img::DecodeOptions{.crop = to_bottom}, img::DecodeOptions{.crop = top_rows, .partial = false},
+                          img::DecodeOptions{}}) {
+      const auto e = error_on_new_thread([&] { (void)img::decode(bad, o, "cut.jpg"); });
+      CHECK_MESSAGE(has(e, "image: cut.jpg: truncated or corrupt JPEG data (libjpeg-turbo: "), e);
+    }
+  }
+  // Damage inside the crop's rows (or in the rows skipped above it, which are entropy-decoded) is
+  // refused as a whole decode refuses it, with libjpeg's warning.
+  auto flipped = good;
+  const auto scan = scan_start(good);
+  for (std::size_t i = scan + 200; i < scan + 232; ++i) flipped[i] ^= 0xFF;
+  for (const auto& c : {top_rows, img::Window{.top = 40, .left = 0, .height = 30, .width = 30}}) {
+    const auto e = error_on_new_thread([&] { (void)img::decode(flipped, {.crop = c}, "corrupt.jpg"); });
+    CHECK_MESSAGE(has(e, "image: corrupt.jpg: truncated or corrupt JPEG data (libjpeg-turbo: Corrupt JPEG data"), e);
+  }
+  // A progressive file is read whole before its first row (all its scans): cut short, every crop fails.
+  const auto prog = fx->bytes("jprog.jpg");
+  const Bytes prog_cut(prog.begin(), prog.begin() + static_cast<std::ptrdiff_t>(prog.size() * 3 / 4));
+  CHECK(has(error_on_new_thread([&] { (void)img::decode(prog_cut, {.crop = top_rows}, "p.jpg"); }), "image: p.jpg: "));
+  // After a failure the thread decodes the next file as before.
+  std::thread([&] {
+    CHECK(has(error_of([&] { (void)img::decode(flipped, {.crop = top_rows}); }), "Corrupt JPEG data"));
+    CHECK(torch::equal(img::decode(good, {.crop = top_rows}), img::decode(good, {.crop = top_rows, .partial = false})));
+    CHECK(torch::equal(img::decode(good), window_of(fx->reference(fx->find("j420_jpg")), {0, 0, 217, 333}, 1)));
   }).join();
 }
 

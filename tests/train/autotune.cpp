@@ -45,6 +45,21 @@ struct Throws {
   }
 };
 
+// A hook policy that throws unless the loop steps a fused optimizer: a candidate such as level::Max,
+// whose CUDA graph needs one.
+struct NeedsFused {
+  using family = nitro::family::Hook;
+  static constexpr std::string_view name = "needs-fused";
+  static constexpr bool enabled = true;
+  struct Options {};
+  explicit NeedsFused(const Options&) {}
+  template <class Loop>
+  void on_step_begin(Loop& loop) {
+    if (dynamic_cast<nitro::optim::FusedSGD*>(&loop.optimizer()) == nullptr)
+      throw std::runtime_error("this candidate needs a fused optimizer");
+  }
+};
+
 // A hook policy that allocates 64 MiB after each backward: a candidate that needs more memory.
 struct Hungry {
   using family = nitro::family::Hook;
@@ -247,6 +262,38 @@ TEST_CASE("a candidate that runs out of memory or throws is skipped, and the res
   torch::manual_seed(77);
   for (int i = 0; i < 3; ++i) basic.step(batch_of(i), loss_fn(again));
   CHECK(all_same(trained, everything(*again, plain)));
+}
+
+TEST_CASE("a candidate that throws with the optimizer as given is tried with the fused one, unless fixed off") {
+  using Loop = nitro::level::Auto<nitro::TrainingLoop<NeedsFused>, nitro::level::Basic>;
+  for (const bool allow : {true, false}) {
+    CAPTURE(allow);
+    auto model = cnn(3);
+    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    Loop::Options options{quiet()};
+    options.tune.channels_last = false;
+    options.tune.cpu_threads = {at::get_num_threads()};
+    if (!allow) options.tune.fused_optimizer = false;
+    Loop loop(model, optimizer, options);
+    loop.step(batch_of(0), loss_fn(model));
+    const auto& r = loop.result();
+    REQUIRE(r.trials.size() >= 2);
+    CHECK(r.trials[0].choice.candidate == 0);
+    CHECK(!r.trials[0].choice.fused_optimizer);
+    CHECK(r.trials[0].verdict.find("needs a fused optimizer") != std::string::npos);
+    if (allow) {
+      // Then at once the same candidate with the fused copy, which trains.
+      REQUIRE(r.trials.size() >= 3);
+      CHECK(r.trials[1].choice.candidate == 0);
+      CHECK(r.trials[1].choice.fused_optimizer);
+      CHECK(r.trials[1].verdict.find("error") == std::string::npos);
+      CHECK(r.trials[2].choice.candidate == 1);
+    } else {
+      CHECK(r.trials[1].choice.candidate == 1);
+      CHECK(loop.winner() == 1);
+      for (const auto& t : r.trials) CHECK(!t.choice.fused_optimizer);
+    }
+  }
 }
 
 TEST_CASE("an accumulate::Dynamic candidate that runs out of memory splits the batch into micro-batches") {

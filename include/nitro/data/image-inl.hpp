@@ -3,6 +3,17 @@
 // header-only, compiled once into the library with NITRO_COMPILED (core/config.hpp).
 #include <nitro/data/image.hpp>
 
+#include <csetjmp>
+#include <cstdio>
+
+// libjpeg-turbo's own API, for decoding a region (after <cstdio>: it uses FILE). Header-only, this
+// brings jpeglib.h's macros and typedefs (TRUE, EXTERN, boolean, INT32, ...) into the including
+// translation unit; with the compiled library (NITRO_COMPILED) they stay in src/image.cpp.
+#include <jpeglib.h>
+#ifndef LIBJPEG_TURBO_VERSION
+#error "nitro/data/image.hpp needs libjpeg-turbo's jpeglib.h (1.5 or later: jpeg_crop_scanline, jpeg_skip_scanlines), not IJG libjpeg's; install libjpeg-turbo (Debian: libjpeg-dev, i.e. libjpeg62-turbo-dev)"
+#endif
+
 namespace nitro::image {
 
 NITRO_INLINE Format sniff(std::span<const std::uint8_t> bytes) noexcept {
@@ -241,6 +252,10 @@ NITRO_INLINE void check_out(const at::Tensor& out, const Plan& p, Layout layout,
 }
 
 NITRO_INLINE void decode_jpeg(std::span<const std::uint8_t> bytes, const Plan& p, int colorspace, const DecodeOptions& o, const at::Tensor& out, std::string_view name) {
+  if (o.partial && (p.window.height < p.scaled_h || p.window.width < p.scaled_w)) {
+    decode_jpeg_region(bytes, p, colorspace, o, out, name);
+    return;
+  }
   const auto handle = decompressor();
   const int flags = TJFLAG_STOPONWARNING | (o.fast ? (TJFLAG_FASTDCT | TJFLAG_FASTUPSAMPLE) : TJFLAG_ACCURATEDCT);
   const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
@@ -259,23 +274,152 @@ NITRO_INLINE void decode_jpeg(std::span<const std::uint8_t> bytes, const Plan& p
                 " (libjpeg-turbo: " + why + ")");
   }
   if (direct) return;
-  if (cmyk) {
-    // In place, 4 -> 3 bytes a pixel (front to back is safe: the write never passes the read).
-    const bool inverted = adobe_marker(bytes);
-    for (std::size_t i = 0; i < px; ++i) {
-      int c = dst[4 * i], m = dst[4 * i + 1], y = dst[4 * i + 2], k = dst[4 * i + 3];
-      if (inverted) c = 255 - c, m = 255 - m, y = 255 - y, k = 255 - k;
-      const int nk = 255 - k;
-      const auto mul = [](int a, int b) {  // Pillow's MULDIV255: round(a * b / 255)
-        const int t = a * b + 128;
-        return ((t >> 8) + t) >> 8;
-      };
-      dst[3 * i] = static_cast<std::uint8_t>(std::clamp(nk - mul(c, nk), 0, 255));
-      dst[3 * i + 1] = static_cast<std::uint8_t>(std::clamp(nk - mul(m, nk), 0, 255));
-      dst[3 * i + 2] = static_cast<std::uint8_t>(std::clamp(nk - mul(y, nk), 0, 255));
+  if (cmyk) cmyk_to_rgb(dst, px, adobe_marker(bytes));
+  place(dst, sw, p.window, out, o.layout);
+}
+
+NITRO_INLINE void cmyk_to_rgb(std::uint8_t* dst, std::size_t count, bool inverted) noexcept {
+  // In place, 4 -> 3 bytes a pixel (front to back is safe: the write never passes the read).
+  for (std::size_t i = 0; i < count; ++i) {
+    int c = dst[4 * i], m = dst[4 * i + 1], y = dst[4 * i + 2], k = dst[4 * i + 3];
+    if (inverted) c = 255 - c, m = 255 - m, y = 255 - y, k = 255 - k;
+    const int nk = 255 - k;
+    const auto mul = [](int a, int b) {  // Pillow's MULDIV255: round(a * b / 255)
+      const int t = a * b + 128;
+      return ((t >> 8) + t) >> 8;
+    };
+    dst[3 * i] = static_cast<std::uint8_t>(std::clamp(nk - mul(c, nk), 0, 255));
+    dst[3 * i + 1] = static_cast<std::uint8_t>(std::clamp(nk - mul(m, nk), 0, 255));
+    dst[3 * i + 2] = static_cast<std::uint8_t>(std::clamp(nk - mul(y, nk), 0, 255));
+  }
+}
+
+// ---- a JPEG's region through libjpeg: its errors longjmp; the function that calls it holds no C++
+// object (the caller owns the decompressor and the buffers).
+struct JpegErrors {
+  jpeg_error_mgr mgr;
+  std::jmp_buf jump;
+  int warning;
+  char message[JMSG_LENGTH_MAX];
+};
+extern "C" inline void nitro_jpeg_error_exit(j_common_ptr c) {
+  auto* e = reinterpret_cast<JpegErrors*>(c->err);
+  (*c->err->format_message)(c, e->message);
+  std::longjmp(e->jump, 1);
+}
+// A warning (level -1: corrupt data libjpeg would decode with grey blocks, data ending early) stops
+// the decode, as TurboJPEG's TJFLAG_STOPONWARNING does on the whole-image path; trace messages
+// (levels >= 0) are ignored.
+extern "C" inline void nitro_jpeg_emit_message(j_common_ptr c, int level) {
+  if (level >= 0) return;
+  auto* e = reinterpret_cast<JpegErrors*>(c->err);
+  e->warning = 1;
+  (*c->err->format_message)(c, e->message);
+  std::longjmp(e->jump, 1);
+}
+
+struct JpegRegionJob {
+  const std::uint8_t* data;
+  std::size_t size;
+  int scale;
+  int fast;
+  int cmyk;
+  int inverted;  // CMYK stored inverted (Adobe)
+  JDIMENSION full_h, full_w;  // the image at 1/scale
+  JDIMENSION top, left, height, width;  // the window at 1/scale
+  std::uint8_t* row;  // full_w x 4 bytes
+  std::uint8_t* dst;  // the output: height x width x 3 (hwc) or 3 planes (chw)
+  int chw;
+};
+
+struct JpegDecompressor {
+  jpeg_decompress_struct cinfo{};
+  JpegErrors errors{};
+  bool created = false;
+  JpegDecompressor() = default;
+  JpegDecompressor(const JpegDecompressor&) = delete;
+  JpegDecompressor& operator=(const JpegDecompressor&) = delete;
+  ~JpegDecompressor() {
+    if (created) jpeg_destroy_decompress(&cinfo);
+  }
+};
+
+// 0: done; 1: libjpeg stopped (d->errors says why); 2: libjpeg's output is not the planned size.
+NITRO_INLINE int jpeg_region_rows(JpegDecompressor* d, const JpegRegionJob* j) {
+  jpeg_decompress_struct* c = &d->cinfo;
+  c->err = jpeg_std_error(&d->errors.mgr);
+  d->errors.mgr.error_exit = nitro_jpeg_error_exit;
+  d->errors.mgr.emit_message = nitro_jpeg_emit_message;
+  if (setjmp(d->errors.jump)) return 1;
+  jpeg_create_decompress(c);
+  d->created = true;
+  jpeg_mem_src(c, j->data, static_cast<unsigned long>(j->size));
+  (void)jpeg_read_header(c, static_cast<boolean>(1));  // TRUE
+  // TurboJPEG's settings for TJPF_RGB / TJPF_CMYK and its flags (turbojpeg.c, setDecompDefaults).
+  c->out_color_space = j->cmyk != 0 ? JCS_CMYK : JCS_EXT_RGB;
+  c->scale_num = 1;
+  c->scale_denom = static_cast<unsigned int>(j->scale);
+  c->dct_method = j->fast != 0 ? JDCT_IFAST : JDCT_ISLOW;
+  c->do_fancy_upsampling = static_cast<boolean>(j->fast == 0);
+  (void)jpeg_start_decompress(c);
+  const int channels = j->cmyk != 0 ? 4 : 3;
+  if (c->output_width != j->full_w || c->output_height != j->full_h || c->output_components != channels) return 2;
+  // One pixel more on each side where the image has it: libjpeg's smooth upsampling repeats a
+  // region's first and last chroma samples at its edges, where a whole decode blends in the next.
+  // libjpeg moves the left edge further left, to an iMCU boundary. At least 3 pixels wide where the
+  // image has them: a region of 2 at column 0 gives a chroma width of 1, for which libjpeg's upsampler
+  // falls back to repeating samples (a 1-pixel crop at column 0 of a 4:2:0 file differed by up to 37).
+  JDIMENSION x = j->left > 0 ? j->left - 1 : 0;
+  JDIMENSION w = std::min(j->full_w, std::max(j->left + j->width + 1, x + 3)) - x;
+  if (x > 0 || w < j->full_w) jpeg_crop_scanline(c, &x, &w);
+  if (j->top > 0 && jpeg_skip_scanlines(c, j->top) != j->top) return 2;
+  const JDIMENSION shift = (j->left - x) * static_cast<JDIMENSION>(channels);
+  const std::size_t plane = static_cast<std::size_t>(j->height) * j->width;
+  for (JDIMENSION y = 0; y < j->height; ++y) {
+    JSAMPROW row = j->row;
+    if (jpeg_read_scanlines(c, &row, 1) != 1) return 2;
+    std::uint8_t* px = j->row + shift;
+    if (j->cmyk != 0) cmyk_to_rgb(px, j->width, j->inverted != 0);
+    if (j->chw == 0) {
+      std::memcpy(j->dst + static_cast<std::size_t>(y) * j->width * 3, px, static_cast<std::size_t>(j->width) * 3);
+    } else {
+      std::uint8_t* __restrict r = j->dst + static_cast<std::size_t>(y) * j->width;
+      std::uint8_t* __restrict g = r + plane;
+      std::uint8_t* __restrict b = g + plane;
+      const std::uint8_t* __restrict in = px;
+      for (JDIMENSION k = 0; k < j->width; ++k) {
+        r[k] = in[3 * k];
+        g[k] = in[3 * k + 1];
+        b[k] = in[3 * k + 2];
+      }
     }
   }
-  place(dst, sw, p.window, out, o.layout);
+  // To the last row: read on to the end of the data, as a whole decode does (a file cut short there
+  // is refused alike). Above it: the rest is never decoded.
+  if (c->output_scanline == c->output_height) (void)jpeg_finish_decompress(c);
+  else jpeg_abort_decompress(c);
+  return 0;
+}
+
+NITRO_INLINE void decode_jpeg_region(std::span<const std::uint8_t> bytes, const Plan& p, int colorspace,
+                                     const DecodeOptions& o, const at::Tensor& out, std::string_view name) {
+  const bool cmyk = colorspace == TJCS_CMYK || colorspace == TJCS_YCCK;
+  ScratchLease row(static_cast<std::size_t>(p.scaled_w) * 4);
+  const auto u = [](std::int64_t v) { return static_cast<JDIMENSION>(v); };
+  const JpegRegionJob job{bytes.data(), bytes.size(), p.scale, o.fast ? 1 : 0, cmyk ? 1 : 0,
+                          cmyk && adobe_marker(bytes) ? 1 : 0, u(p.scaled_h), u(p.scaled_w), u(p.window.top),
+                          u(p.window.left), u(p.window.height), u(p.window.width), row.data(),
+                          out.data_ptr<std::uint8_t>(), o.layout == Layout::chw ? 1 : 0};
+  JpegDecompressor d;
+  const int status = jpeg_region_rows(&d, &job);
+  if (status == 1) {
+    throw Error("image: " + who(name) + ": " +
+                (d.errors.warning != 0 ? "truncated or corrupt JPEG data" : "JPEG decoding failed") + " (libjpeg-turbo: " +
+                d.errors.message + ")");
+  }
+  NITRO_CHECK(status == 0, "image: ", who(name), ": libjpeg's decoder of a region gave ", d.cinfo.output_width, "x",
+              d.cinfo.output_height, " pixels of ", d.cinfo.output_components, " components where ", p.scaled_w, "x",
+              p.scaled_h, " of ", cmyk ? 4 : 3, " were planned at 1/", p.scale, " (a bug: please report it with the file)");
 }
 
 NITRO_INLINE void decode_png(const Plan& p, const DecodeOptions& o, const at::Tensor& out, std::string_view name, PngReadGuard& g, PngSource& src, const PngHeader& h) {

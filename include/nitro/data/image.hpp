@@ -1,6 +1,7 @@
 #pragma once
 // Image files into uint8 tensors: JPEG through libjpeg-turbo's TurboJPEG API, PNG through libpng.
-// Link nitro::image (CMake; it adds TurboJPEG and libpng: Debian's libturbojpeg0-dev and libpng-dev).
+// Link nitro::image (CMake; it adds libjpeg-turbo's TurboJPEG and libjpeg, and libpng: Debian's
+// libturbojpeg0-dev, libjpeg-dev and libpng-dev).
 //
 //   namespace img = nitro::image;
 //   at::Tensor x = img::read("photo.jpg");                            // uint8 [3, H, W], RGB
@@ -8,6 +9,8 @@
 //   // Reduced-size decoding (libjpeg's DCT scaling, with PIL's Image.draft's rule): the largest
 //   // reduction 1/2, 1/4 or 1/8 that keeps the image (or the crop) at least 224 x 224. Several times faster.
 //   at::Tensor small = img::decode(bytes, {.min_height = 224, .min_width = 224});
+//   // A crop: only its region is decoded (libjpeg's jpeg_skip_scanlines, jpeg_crop_scanline), at the
+//   // reduction its own size allows; the pixels are the same window of a whole decode.
 //   at::Tensor crop = img::decode(bytes, {.crop = img::Window{.top = 10, .left = 20, .height = 300, .width = 200},
 //                                         .min_height = 224, .min_width = 224});
 //   img::decode_into(bytes, pinned_buffer, options);                  // into a buffer of the caller's
@@ -99,8 +102,8 @@ struct DecodeOptions {
   std::optional<Window> crop = std::nullopt;
   /// JPEG only (a PNG is decoded whole): decode at a reduced size, 1/2, 1/4 or 1/8 (libjpeg's DCT
   /// scaling), the largest reduction s with the image, or the crop, at least s x min_height by
-  /// s x min_width: PIL's Image.draft's rule. 0 and 0: full size. The whole image is decoded at that
-  /// scale (TurboJPEG 2 has no partial decoding); a crop is then cut from it.
+  /// s x min_width: PIL's Image.draft's rule. 0 and 0: full size. With a crop, only the crop's region
+  /// is decoded at that scale (see `partial`).
   std::int64_t min_height = 0;
   std::int64_t min_width = 0;  ///< The least width the reduction keeps (see min_height); both 0: full size.
   /// Refuse images of more pixels than this (width x height, before any reduction): a small file can
@@ -108,6 +111,16 @@ struct DecodeOptions {
   std::int64_t max_pixels = 178'956'970;
   /// JPEG: libjpeg-turbo's fast IDCT and simple upsampling (faster; no longer Pillow's pixels).
   bool fast = false;
+  /// JPEG with a crop: decode only the crop's region, as DALI's and nvImageCodec's region decoding do
+  /// (libjpeg-turbo's jpeg_skip_scanlines and jpeg_crop_scanline): the rows above it are entropy-decoded
+  /// only, the rows below it not at all, the columns outside it (but for up to one iMCU, 8 to 16
+  /// pixels, on its left and one pixel on its right) neither transformed, upsampled nor converted. The
+  /// pixels are those of the same window of a whole decode: the region reaches a pixel past the crop on
+  /// both sides where the image has one, so that the chroma upsampling at the region's edge (which
+  /// repeats the edge sample instead of blending in its neighbour) lands outside the crop. Data after
+  /// the crop's last row is not read: a file damaged or cut short only below the crop decodes (a whole
+  /// decode refuses it). false: decode the whole image at the scale, then cut the crop from it.
+  bool partial = true;
 };
 
 /// The format from the first bytes (JPEG: FF D8 FF; PNG: its 8-byte signature).
@@ -226,6 +239,15 @@ NITRO_INLINE void check_out(const at::Tensor& out, const Plan& p, Layout layout,
 
 NITRO_INLINE void decode_jpeg(std::span<const std::uint8_t> bytes, const Plan& p, int colorspace, const DecodeOptions& o,
                         const at::Tensor& out, std::string_view name);
+
+/// CMYK (4 bytes a pixel, inverted where the file has Adobe's marker) to RGB in place, 3 bytes a pixel,
+/// as Pillow's convert("RGB").
+NITRO_INLINE void cmyk_to_rgb(std::uint8_t* pixels, std::size_t count, bool inverted) noexcept;
+
+/// The region of p.window only, through libjpeg's own API (TurboJPEG 2 cannot crop): decode_jpeg's
+/// path for a crop smaller than the image with DecodeOptions::partial.
+NITRO_INLINE void decode_jpeg_region(std::span<const std::uint8_t> bytes, const Plan& p, int colorspace,
+                                     const DecodeOptions& o, const at::Tensor& out, std::string_view name);
 
 NITRO_INLINE void decode_png(const Plan& p, const DecodeOptions& o, const at::Tensor& out,
                        std::string_view name, PngReadGuard& g, PngSource& src, const PngHeader& h);

@@ -32,10 +32,11 @@
 //   ResizeCenterCrop   the shorter side to `resize`, then the centre height x width (validation)
 //   RandomResizedCrop  torchvision's crop (scale, ratio) drawn from the keyed generator of
 //                      data/augment.hpp (seed, epoch, the sample's index, stage `kStage`): the same
-//                      crop for a sample in any batch, on any worker, after a resume. The crop's size
-//                      picks the JPEG reduction (draft): a crop at least twice the output is decoded
-//                      from the image at 1/2 (or 1/4, 1/8), then cut and resized. (The whole image is
-//                      decoded at that scale: TurboJPEG 2 has no partial decoding.)
+//                      crop for a sample in any batch, on any worker, after a resume. Only the crop's
+//                      region of a JPEG is decoded (image::DecodeOptions::partial: the rows above it
+//                      entropy-decoded only, those below not at all), and its size picks the reduction
+//                      (draft): a crop at least twice the output is decoded at 1/2 (or 1/4, 1/8), then
+//                      resized. The pixels are those of a whole decode's window.
 //   Letterbox          YOLO's: the longer side to `size` keeping the aspect, centred on a size x size
 //                      canvas of grey 114; the boxes follow
 // With `draft` (default on) a JPEG is decoded at the largest reduction 1/2, 1/4, 1/8 that keeps what is

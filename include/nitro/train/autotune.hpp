@@ -15,6 +15,8 @@
 //   - channels-last (nitro::to_channels_last) for a model with 4-d parameters (convolutions);
 //   - the fused optimizer (optim::FusedSGD / FusedAdam / FusedAdamW) in place of a torch::optim::SGD,
 //     Adam or AdamW, with the same parameter groups, options and state;
+//   - a candidate that throws with the optimizer as given (level::Max: a CUDA graph needs a fused
+//     optimizer) is tried again at once with the fused one, when there is one;
 //   - on the CPU, the intra-op thread count (the current one and half of it, or Options::cpu_threads);
 //   - for a candidate with accumulate::Dynamic whose step runs out of memory (a GPU's, or the CPU
 //     byte budget Options::memory_budget_bytes), micro-batches: each batch split into 2, 4, ... parts
@@ -536,6 +538,13 @@ class Tuner {
           r.trials.push_back(t);
         }
         if (t.verdict == "out of memory") continue;
+      }
+      // A candidate that cannot step the optimizer as given (graph::Capture, level::Max, needs a fused
+      // one): tried again with the fused copy, unless Options::fused_optimizer says otherwise.
+      if (t.verdict.rfind("error: ", 0) == 0 && fusable && !o_.fused_optimizer && !c.fused_optimizer) {
+        r.trials.push_back(t);
+        c.fused_optimizer = true;
+        t = trial(c, batches, loss_fn, backup, best_ms);
       }
       if (better(t)) best_ms = t.step_ms, best = c;
       r.trials.push_back(std::move(t));
