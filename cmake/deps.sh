@@ -28,6 +28,7 @@ with_conan=0
 torch_version=$(tr -d ' \n' <"$here/torch-version")   # the one place the version is pinned
 conan_version=2.34.0
 torchvision_version=0.26.0  # the torchvision of torch 2.11
+ultralytics_version=8.4.190  # the reference of examples/yolo's tests
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/nitro
 venv=$cache/torch-$torch_version
 say() { echo "nitro deps: $*" >&2; }
@@ -116,6 +117,15 @@ if [ -z "$torch_prefix" ]; then
     say "installing scikit-image and torchvision==$torchvision_version (--no-deps) into $venv (image tests, bench_images)"
     "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps scikit-image "torchvision==$torchvision_version" >&2 ||
       say "note: pip install scikit-image torchvision failed; the tests that need them will be skipped"
+  fi
+  # Ultralytics, the reference of examples/yolo's YOLOv8 (tests/yolo): the model built from its yaml, no
+  # weights downloaded. --no-deps with what building a model imports (OpenCV headless, PyYAML, tqdm),
+  # so that it cannot replace this torch. Optional: without it those tests say so and skip.
+  if ((!print_prefix)) && ! "$venv/bin/python" -c "import ultralytics, cv2, yaml, tqdm" 2>/dev/null; then
+    say "installing ultralytics==$ultralytics_version (--no-deps) into $venv (the reference of examples/yolo's tests)"
+    "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps "ultralytics==$ultralytics_version" \
+      opencv-python-headless pyyaml tqdm >&2 ||
+      say "note: pip install ultralytics failed; the tests that compare with it will be skipped"
   fi
 fi
 
