@@ -587,24 +587,29 @@ int main(int argc, char** argv) try {
   std::int64_t epoch = 0;
   (void)epoch_of(from_folder, *folder_epoch, epoch++, checksum_folder);  // warm-up epoch
   std::vector<double> nitro_loader, torch_loader;
-  bool loader_ok = py.torchvision && a.want("loader");
-  double nl = 0, tl = 0;
-  if (a.want("loader")) {
-    const std::string loader_args = "--root " + shell_quote(root.string()) + " --mode loader --workers " +
-                                    std::to_string(a.workers) + " --batch 64 --warmup 1 --epochs 1";
+  // R rounds of one Nitro epoch and one epoch of `peer` (a Python side, `--mode loader`), the one going
+  // first alternating; a peer that fails once is not asked again (ok becomes false).
+  const auto against = [&](Python& peer, bool& ok, std::vector<double>& mine, std::vector<double>& theirs) {
+    const std::string args = "--root " + shell_quote(root.string()) + " --mode loader --workers " +
+                             std::to_string(a.workers) + " --batch 64 --warmup 1 --epochs 1";
     for (int r = 0; r < R; ++r) {
       for (int order = 0; order < 2; ++order) {
         if ((r + order) % 2 == 0) {
           const auto [samples, s] = epoch_of(from_folder, *folder_epoch, epoch++, checksum_folder);
           NITRO_CHECK(samples == a.images, "bench_images: an epoch delivered ", samples, " samples of ", a.images);
-          nitro_loader.push_back(static_cast<double>(samples) / s);
-        } else if (loader_ok) {
-          const auto v = py.run(loader_args, r == 0);
-          if (v) torch_loader.push_back(*v);
-          else loader_ok = false;
+          mine.push_back(static_cast<double>(samples) / s);
+        } else if (ok) {
+          const auto v = peer.run(args, r == 0);
+          if (v) theirs.push_back(*v);
+          else ok = false;
         }
       }
     }
+  };
+  bool loader_ok = py.torchvision && a.want("loader");
+  double nl = 0, tl = 0;
+  if (a.want("loader")) {
+    against(py, loader_ok, nitro_loader, torch_loader);
     nl = nitro::bench::median(nitro_loader), tl = loader_ok ? nitro::bench::median(torch_loader) : 0.0;
     std::printf("epoch of %lld files: random resized crop 224, flip, normalise, batches of 64, %zu workers   samples/s\n",
                 static_cast<long long>(a.images), a.workers);
@@ -652,21 +657,7 @@ int main(int argc, char** argv) try {
                   "cut %.3f (%zu files' random resized crops)\n",
                   nitro::bench::median(region_ms), nitro::bench::median(whole_ms), count);
     }
-    const std::string dali_args = "--root " + shell_quote(root.string()) + " --mode loader --workers " +
-                                  std::to_string(a.workers) + " --batch 64 --warmup 1 --epochs 1";
-    for (int r = 0; r < R; ++r) {
-      for (int order = 0; order < 2; ++order) {
-        if ((r + order) % 2 == 0) {
-          const auto [samples, s] = epoch_of(from_folder, *folder_epoch, epoch++, checksum_folder);
-          NITRO_CHECK(samples == a.images, "bench_images: an epoch delivered ", samples, " samples of ", a.images);
-          nitro_dali_rounds.push_back(static_cast<double>(samples) / s);
-        } else if (dali_ok) {
-          const auto v = dali.py.run(dali_args, r == 0);
-          if (v) dali_rounds.push_back(*v);
-          else dali_ok = false;
-        }
-      }
-    }
+    against(dali.py, dali_ok, nitro_dali_rounds, dali_rounds);
     nd2 = nitro::bench::median(nitro_dali_rounds), dl = dali_ok ? nitro::bench::median(dali_rounds) : 0.0;
     std::printf("epoch of %lld files: random resized crop 224, flip, normalise, batches of 64, %zu threads    samples/s\n",
                 static_cast<long long>(a.images), a.workers);

@@ -23,9 +23,12 @@ the warm-up epochs are not timed. The same argument conventions as bench/images_
 """
 import argparse
 import math
-import statistics
+import os
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from images_dataloader import timed_epochs  # noqa: E402  (the same epoch timing as the DataLoader side)
 
 
 def check():
@@ -110,17 +113,10 @@ def loader(args):
     first = images.as_tensor()
     if tuple(first.shape()) != (args.batch, 3, 224, 224) or first.dtype != types.FLOAT:
         sys.exit(f"images_dali: a batch is {first.shape()} {first.dtype}, not float [{args.batch}, 3, 224, 224]")
-    for _ in range(args.warmup):
-        epoch()
-    times = []
-    n = 0
-    for _ in range(max(1, args.epochs)):
-        n, t = epoch()
-        times.append(t)
-    rate = n / statistics.median(times)
+    n, rate, seconds = timed_epochs(epoch, args.warmup, args.epochs)
     print(f"info: DALI {dali.__version__}, CPU only (device_id=None), {files} files, batch {args.batch}, "
           f"num_threads {args.workers}, {runs} runs an epoch")
-    print(f"images_per_s={rate:.3f} seconds={statistics.median(times):.4f}", flush=True)
+    print(f"images_per_s={rate:.3f} seconds={seconds:.4f}", flush=True)
 
 
 def main():

@@ -20,6 +20,20 @@ import sys
 import time
 
 
+def timed_epochs(epoch, warmup, epochs):
+    """epoch() -> (samples, seconds): `warmup` untimed epochs, then max(1, epochs) timed ones; returns
+    the samples of an epoch, samples/s at the median epoch time, and that time."""
+    for _ in range(warmup):
+        epoch()
+    times = []
+    n = 0
+    for _ in range(max(1, epochs)):
+        n, t = epoch()
+        times.append(t)
+    median = statistics.median(times)
+    return n, n / median, median
+
+
 def files_under(root):
     out = []
     for cls in sorted(os.listdir(root)):
@@ -89,17 +103,10 @@ def loader(args):
             n += labels.shape[0]
         return n, time.perf_counter() - start
 
-    for _ in range(args.warmup):
-        epoch()
-    times = []
-    n = 0
-    for _ in range(max(1, args.epochs)):
-        n, t = epoch()
-        times.append(t)
-    rate = n / statistics.median(times)
+    n, rate, seconds = timed_epochs(epoch, args.warmup, args.epochs)
     print(f"info: torch {torch.__version__}, torchvision {torchvision.__version__}, {len(data)} samples, "
           f"{len(data.classes)} classes, workers {args.workers}, main-process torch threads {torch.get_num_threads()}")
-    print(f"images_per_s={rate:.3f} seconds={statistics.median(times):.4f}", flush=True)
+    print(f"images_per_s={rate:.3f} seconds={seconds:.4f}", flush=True)
 
 
 def main():

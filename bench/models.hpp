@@ -8,7 +8,16 @@
 #include <torch/nn/modules/pooling.h>
 #include <ATen/ops/relu.h>
 
+#include <cstdint>
+
 namespace nitro::bench {
+
+/// The elements of a module's parameters (a tied one once, as nanoGPT's get_num_params counts).
+inline std::int64_t parameter_count(const torch::nn::Module& m) {
+  std::int64_t n = 0;
+  for (const auto& p : m.parameters()) n += p.numel();
+  return n;
+}
 
 /// The levels demo's CNN (examples/levels.cpp) for 3x32x32 images and 10 classes; weights from the
 /// current seed.

@@ -128,11 +128,4 @@ struct Gpt2Impl : torch::nn::Module {
 };
 TORCH_MODULE(Gpt2);
 
-/// Parameters of the model as nanoGPT's get_num_params(non_embedding=False) counts them (the tied head once).
-inline std::int64_t parameter_count(torch::nn::Module& m) {
-  std::int64_t n = 0;
-  for (const auto& p : m.parameters()) n += p.numel();
-  return n;
-}
-
 }  // namespace nitro::bench

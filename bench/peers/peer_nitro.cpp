@@ -470,48 +470,6 @@ Outcome train_auto(const Args& a, const Model& model, torch::optim::Optimizer& o
   return outcome;
 }
 
-template <class Loss>
-Outcome train_plain(torch::optim::Optimizer& optimizer, const Loss& loss_of, const Batches& batches,
-                    const c10::Device& device, int warmup, int steps);
-template <class Model, class Loss>
-Outcome train_levels(const Args& a, const Model& model, torch::optim::Optimizer& optimizer, const Loss& loss_of,
-                     const Batches& batches, const c10::Device& device, int warmup, int steps);
-
-/// One configuration of a model workload: the model (a module holder), its loss.
-template <class Model>
-Outcome train(const Args& a, const Shapes& s, Model model, Batches batches, int warmup, int steps) {
-  const auto device = device_of(a);
-  const auto loss_of = [&model](const Batch& b) {
-    const auto out = model->forward(b.first);
-    return torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}), b.second.reshape({-1}));
-  };
-  // ResNet-50 on a GPU in channels-last where the Python rows have it (bf16 and fp16 autocast): the
-  // model's convolution weights and the images.
-  if (a.workload == "resnet50" && device.is_cuda() && (a.config == "nitro_advanced" || a.config == "nitro_max")) {
-    nitro::to_channels_last(*model);
-    for (auto& b : batches) b.first = b.first.contiguous(c10::MemoryFormat::ChannelsLast);
-  }
-  const auto params = model->parameters();
-  // AdamW as Python's (weight decay 0.01 but for GPT-2: 0.1 on every parameter and nanoGPT's betas (0.9,
-  // 0.95)); ResNet-50 with SGD and momentum, as torchvision's recipe trains it.
-  const auto adamw = torch::optim::AdamWOptions(s.lr).betas({0.9, s.beta2}).weight_decay(s.weight_decay);
-  const auto sgd = torch::optim::SGDOptions(s.lr).momentum(s.momentum).weight_decay(s.weight_decay);
-  if (s.momentum > 0) {
-    if (a.config == "libtorch") {
-      torch::optim::SGD optimizer(params, sgd);
-      return train_plain(optimizer, loss_of, batches, device, warmup, steps);
-    }
-    nitro::optim::FusedSGD optimizer(params, sgd);
-    return train_levels(a, model, optimizer, loss_of, batches, device, warmup, steps);
-  }
-  if (a.config == "libtorch") {
-    torch::optim::AdamW optimizer(params, adamw);
-    return train_plain(optimizer, loss_of, batches, device, warmup, steps);
-  }
-  nitro::optim::FusedAdamW optimizer(params, adamw);
-  return train_levels(a, model, optimizer, loss_of, batches, device, warmup, steps);
-}
-
 /// The hand-written LibTorch loop.
 template <class Loss>
 Outcome train_plain(torch::optim::Optimizer& optimizer, const Loss& loss_of, const Batches& batches,
@@ -562,6 +520,41 @@ Outcome train_levels(const Args& a, const Model& model, torch::optim::Optimizer&
 #endif
   usage("unknown config " + a.config + " for " + a.workload +
         " (libtorch, nitro_basic, nitro_advanced, nitro_auto, nitro_max)");
+}
+
+/// One configuration of a model workload: the model (a module holder), its loss.
+template <class Model>
+Outcome train(const Args& a, const Shapes& s, Model model, Batches batches, int warmup, int steps) {
+  const auto device = device_of(a);
+  const auto loss_of = [&model](const Batch& b) {
+    const auto out = model->forward(b.first);
+    return torch::cross_entropy_loss(out.reshape({-1, out.size(-1)}), b.second.reshape({-1}));
+  };
+  // ResNet-50 on a GPU in channels-last where the Python rows have it (bf16 and fp16 autocast): the
+  // model's convolution weights and the images.
+  if (a.workload == "resnet50" && device.is_cuda() && (a.config == "nitro_advanced" || a.config == "nitro_max")) {
+    nitro::to_channels_last(*model);
+    for (auto& b : batches) b.first = b.first.contiguous(c10::MemoryFormat::ChannelsLast);
+  }
+  const auto params = model->parameters();
+  // AdamW as Python's (weight decay 0.01 but for GPT-2: 0.1 on every parameter and nanoGPT's betas (0.9,
+  // 0.95)); ResNet-50 with SGD and momentum, as torchvision's recipe trains it.
+  const auto adamw = torch::optim::AdamWOptions(s.lr).betas({0.9, s.beta2}).weight_decay(s.weight_decay);
+  const auto sgd = torch::optim::SGDOptions(s.lr).momentum(s.momentum).weight_decay(s.weight_decay);
+  if (s.momentum > 0) {
+    if (a.config == "libtorch") {
+      torch::optim::SGD optimizer(params, sgd);
+      return train_plain(optimizer, loss_of, batches, device, warmup, steps);
+    }
+    nitro::optim::FusedSGD optimizer(params, sgd);
+    return train_levels(a, model, optimizer, loss_of, batches, device, warmup, steps);
+  }
+  if (a.config == "libtorch") {
+    torch::optim::AdamW optimizer(params, adamw);
+    return train_plain(optimizer, loss_of, batches, device, warmup, steps);
+  }
+  nitro::optim::FusedAdamW optimizer(params, adamw);
+  return train_levels(a, model, optimizer, loss_of, batches, device, warmup, steps);
 }
 
 /// The exported model and data of a workload, on the CPU.
@@ -617,10 +610,8 @@ void run_forward(const Args& a, const Shapes& s) {
   write_raw(dir / "logits_train.bin", {logits(true)});
   write_raw(dir / "logits_eval.bin", {logits(false)});
   const auto full = shapes(a.workload, /*gpu=*/true);
-  auto big = make_model(a.workload, full);
-  std::int64_t count = 0;
-  for (const auto& p : big->parameters()) count += p.numel();
-  std::printf("PARAMS %s=%lld\n", a.workload.c_str(), static_cast<long long>(count));
+  std::printf("PARAMS %s=%lld\n", a.workload.c_str(),
+              static_cast<long long>(nitro::bench::parameter_count(*make_model(a.workload, full))));
 }
 
 // ---- checkpoint: the 32-layer MLP of bench_checkpoint, peak memory of forward + backward ----

@@ -36,9 +36,8 @@ inline void load(torch::nn::Module& module, const std::filesystem::path& dir) {
     in >> name >> dtype >> numel;
     std::vector<std::int64_t> shape;
     for (std::int64_t d; in >> d;) shape.push_back(d);
-    const auto type = dtype == "float32" ? at::kFloat : dtype == "int64" ? at::kLong : at::kFloat;
     if (dtype != "float32" && dtype != "int64") throw std::runtime_error("yolo::load: " + name + " has dtype " + dtype);
-    auto t = at::empty(shape, at::TensorOptions().dtype(type));
+    auto t = at::empty(shape, at::TensorOptions().dtype(dtype == "int64" ? at::kLong : at::kFloat));
     data.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.nbytes()));
     if (!data) throw std::runtime_error("yolo::load: weights.bin ends inside " + name);
     const auto it = mine.find(name);

@@ -74,8 +74,13 @@ NITRO_INLINE bool DecodeAugment::flipped(std::uint64_t seed, std::int64_t epoch,
 NITRO_INLINE void DecodeAugment::crop_resize_into(const at::Tensor& image, const EncodedFiles& files, std::size_t k,
                                                   at::Tensor slot) const {
   const auto [top, left, h, w] = crop(files.seed, files.epoch, files.index[k], image.size(1), image.size(2));
-  // The crop is a view; only it is made float (in [0, 1], as augment::ToFloat: x / 255 in float).
-  const auto part = at::div(image.slice(1, top, top + h).slice(2, left, left + w).unsqueeze(0), 255.0);
+  resize_into(image.slice(1, top, top + h).slice(2, left, left + w), files, k, std::move(slot));  // a view
+}
+
+NITRO_INLINE void DecodeAugment::resize_into(const at::Tensor& crop_u8, const EncodedFiles& files, std::size_t k,
+                                             at::Tensor slot) const {
+  // Only the crop is made float (in [0, 1], as augment::ToFloat: x / 255 in float).
+  const auto part = at::div(crop_u8.unsqueeze(0), 255.0);
   if (flipped(files.seed, files.epoch, files.index[k])) {
     at::flip_out(slot, at::upsample_bilinear2d(part, {o_.height, o_.width}, false), {3});
   } else {
@@ -96,13 +101,18 @@ NITRO_INLINE at::Tensor DecodeAugment::on_cpu(const EncodedFiles& files) const {
   const auto n = static_cast<std::int64_t>(files.files.size());
   auto out = at::empty({n, 3, o_.height, o_.width}, at::TensorOptions().dtype(at::kFloat));
   for (std::size_t k = 0; k < files.files.size(); ++k) {
-    at::Tensor image;
+    // The crop drawn from the header's size, then only its region decoded (image::DecodeOptions::
+    // partial): the pixels of the same window of a whole decode.
+    at::Tensor part;
     try {
-      image = image::decode(files.files[k], {}, detail::jpeg::sample_name(files, k));
+      const auto name = detail::jpeg::sample_name(files, k);
+      const auto info = image::probe(files.files[k], name);
+      const auto [top, left, h, w] = crop(files.seed, files.epoch, files.index[k], info.height, info.width);
+      part = image::decode(files.files[k], {.crop = image::Window{top, left, h, w}}, name);
     } catch (const Error& e) {
       throw Error(std::string("data::DecodeAugment: ") + e.what());
     }
-    crop_resize_into(image, files, k, out.narrow(0, static_cast<std::int64_t>(k), 1));
+    resize_into(part, files, k, out.narrow(0, static_cast<std::int64_t>(k), 1));
   }
   return finish(std::move(out));
 }

@@ -269,7 +269,9 @@ class DecodeAugment {
   [[nodiscard]] const Options& options() const noexcept { return o_; }
 
  private:
-  /// Image k (uint8 [3, h, w]) cropped, resized and flipped into `slot` (float [1, 3, height, width]).
+  /// Sample k's crop (uint8 [3, h, w]) resized and flipped into `slot` (float [1, 3, height, width]).
+  NITRO_INLINE void resize_into(const at::Tensor& part, const EncodedFiles& files, std::size_t k, at::Tensor slot) const;
+  /// Image k (uint8 [3, h, w], whole) cropped, resized and flipped into `slot`.
   NITRO_INLINE void crop_resize_into(const at::Tensor& image, const EncodedFiles& files, std::size_t k,
                                      at::Tensor slot) const;
   /// (x - mean) / std per channel in place, then the dtype and layout asked for.
